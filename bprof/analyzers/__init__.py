@@ -1,0 +1,1 @@
+"""Analyses over the store: one module per question, SQL beside Python."""

@@ -1,0 +1,1 @@
+"""The bprof command line: one module per command group."""

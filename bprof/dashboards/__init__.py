@@ -1,0 +1,1 @@
+"""Dash web report and static HTML export; read-only over the store."""

@@ -1,0 +1,1 @@
+"""Kernel-name catalogue, cost models and device peak table."""

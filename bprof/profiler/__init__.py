@@ -1,0 +1,1 @@
+"""Capture: launcher wrapper and the hook injected into every rank (imports torch)."""

@@ -1,0 +1,1 @@
+"""Replay of recorded kernels and collectives on real hardware (imports torch)."""

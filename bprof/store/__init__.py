@@ -1,0 +1,1 @@
+"""The DuckDB trace store: schema, connection, ingest of Kineto traces."""
