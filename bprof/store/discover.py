@@ -1,0 +1,95 @@
+"""Find the trace files of a run on disk and tell each file's rank.
+
+Accepted layouts: single files (.json, .json.gz), a directory of per-rank files (HTA style,
+bprof run directories with traces/ and meta/), and torchtitan's
+profiling/traces/iteration_N/rankR_trace.json.gz, where each iteration folder is its own run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bprof.errors import DataError, UsageError
+
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_ITERATION_DIR = re.compile(r"iteration_\d+$")
+_NOT_TRACES = {"truth.json"}
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """The files of one run and the name the run gets by default."""
+
+    default_name: str
+    files: tuple[Path, ...]
+
+
+def is_trace_name(path: Path) -> bool:
+    name = path.name
+    if name in _NOT_TRACES or ".et." in name or "meta" in path.parent.parts[-1:]:
+        return False
+    return name.endswith(".json") or name.endswith(".json.gz")
+
+
+def discover(paths: list[Path]) -> list[RunFiles]:
+    """Group the given paths into runs: one run for the whole list, except torchtitan roots."""
+    if not paths:
+        raise UsageError("no trace path given")
+    loose: list[Path] = []
+    runs: list[RunFiles] = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise UsageError(f"{path}: no such file or directory")
+        if path.is_file():
+            loose.append(path)
+            continue
+        iterations = sorted(d for d in path.iterdir() if d.is_dir() and _ITERATION_DIR.match(d.name))
+        if iterations:
+            for d in iterations:
+                files = _trace_files(d)
+                if files:
+                    runs.append(RunFiles(f"{_dir_name(path)}-{d.name}", files))
+            continue
+        files = _trace_files(path)
+        if not files:
+            raise UsageError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+        loose.extend(files)
+    if loose:
+        first = Path(paths[0])
+        name = _dir_name(first) if first.is_dir() else _file_stem(first)
+        runs.insert(0, RunFiles(name, tuple(sorted(set(loose)))))
+    return runs
+
+
+def rank_of(path: Path, metadata: dict, explicit: int | None) -> int:
+    """The rank of a trace: bprof capture metadata, distributedInfo, the file name, or --rank."""
+    bprof_meta = metadata.get("bprof")
+    if isinstance(bprof_meta, dict) and isinstance(bprof_meta.get("rank"), int):
+        return bprof_meta["rank"]
+    dist = metadata.get("distributedInfo")
+    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+        return dist["rank"]
+    match = _RANK_IN_NAME.search(path.name)
+    if match:
+        return int(match.group(1))
+    if explicit is not None:
+        return explicit
+    raise DataError(f"{path}: cannot tell its rank (no distributedInfo, no rankN in the file name); pass --rank")
+
+
+def _trace_files(directory: Path) -> tuple[Path, ...]:
+    return tuple(sorted(p for p in directory.rglob("*") if p.is_file() and is_trace_name(p)))
+
+
+def _dir_name(path: Path) -> str:
+    return path.resolve().name or "run"
+
+
+def _file_stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".json", ".pt.trace"):
+        name = name.removesuffix(suffix)
+    return name or "run"

@@ -1,0 +1,289 @@
+"""Ingest per-rank Kineto traces into the store, one transaction per run.
+
+Each file is streamed into a work file holding just its events array (threads, so gzip
+inflation of one rank overlaps DuckDB's scan of the previous batch); DuckDB's JSON reader then
+scans batches of ranks natively. Any failure rolls the run back: the store is left as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+import duckdb
+
+from bprof.errors import DataError, UsageError
+from bprof.store.discover import RunFiles, discover, rank_of
+from bprof.store.kineto_file import SplitTrace, split_trace
+
+_MALFORMED = re.compile(r'file "([^"]+)", at byte (\d+)(?: in record/value \d+)?: (.*)', re.DOTALL)
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    name: str | None = None  # run name; default: the directory (or file) name, made unique
+    rank: int | None = None  # rank of a single file that does not say it
+    workers: int = 2  # threads splitting (inflating) files
+    batch_files: int = 8  # ranks scanned by one DuckDB query
+    work_dir: Path | None = None  # where the events arrays are staged (default: system temp)
+
+
+@dataclass
+class IngestResult:
+    run_id: int
+    name: str
+    created: bool  # False when the same files were ingested before
+    num_ranks: int = 0
+    num_events: int = 0
+    uncompressed_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+Progress = Callable[[int, int], None]  # (files done, files total)
+
+
+def ingest_paths(con: duckdb.DuckDBPyConnection, paths: list[Path], options: IngestOptions = IngestOptions(),
+                 progress: Progress | None = None) -> list[IngestResult]:
+    """Ingest every run found under `paths` (usually one); see discover() for the layouts."""
+    runs = discover([Path(p) for p in paths])
+    if options.rank is not None and (len(runs) != 1 or len(runs[0].files) != 1):
+        raise UsageError("--rank applies to a single trace file only")
+    if options.name is not None and len(runs) > 1:
+        raise UsageError(f"--name names one run, but these paths hold {len(runs)} runs")
+    return [ingest_run(con, run, options, progress) for run in runs]
+
+
+def ingest_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOptions,
+               progress: Progress | None = None) -> IngestResult:
+    hashes = _hash_files(run.files, options.workers)
+    fingerprint = hashlib.sha256("".join(sorted(hashes.values())).encode()).hexdigest()
+    existing = con.execute("SELECT run_id, name FROM runs WHERE fingerprint = ?", [fingerprint]).fetchone()
+    if existing:
+        return IngestResult(existing[0], existing[1], created=False)
+    if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
+        raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
+    name = options.name or _unique_name(con, run.default_name)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        result = _ingest_in_transaction(con, run, name, fingerprint, hashes, options, progress)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hashes: dict[Path, str],
+                           options: IngestOptions, progress: Progress | None) -> IngestResult:
+    run_id = con.execute(
+        "INSERT INTO runs (name, ingested_at, source_path, fingerprint, num_ranks_ingested, consistent) "
+        "VALUES (?, ?, ?, ?, 0, true) RETURNING run_id",
+        [name, datetime.now(timezone.utc), ";".join(str(f) for f in run.files), fingerprint],
+    ).fetchone()[0]
+    result = IngestResult(run_id, name, created=True)
+    seen_ranks: dict[int, Path] = {}
+    metas: dict[int, dict] = {}
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="bprof-ingest-", dir=options.work_dir) as tmp, \
+            ThreadPoolExecutor(max(1, options.workers)) as pool:
+        batches = [run.files[i:i + options.batch_files] for i in range(0, len(run.files), options.batch_files)]
+        pending = _submit_batch(pool, batches[0], Path(tmp), 0) if batches else []
+        for b, _ in enumerate(batches):
+            splits = [f.result() for f in pending]
+            # start inflating the next batch while DuckDB scans this one
+            pending = _submit_batch(pool, batches[b + 1], Path(tmp), b + 1) if b + 1 < len(batches) else []
+            batch = []
+            for split in splits:
+                rank = rank_of(split.path, split.metadata, options.rank)
+                if rank in seen_ranks:
+                    raise DataError(f"{split.path}: duplicate rank {rank} in one run (also in {seen_ranks[rank]})")
+                seen_ranks[rank] = split.path
+                metas[rank] = split.metadata
+                batch.append((rank, split))
+            _load_batch(con, run_id, batch, hashes)
+            for _, split in batch:
+                split.array_path.unlink(missing_ok=True)
+                result.uncompressed_bytes += split.uncompressed_bytes
+            done += len(batch)
+            if progress:
+                progress(done, len(run.files))
+    _run_sql(con, "ingest_collectives.sql", run_id)
+    result.warnings = _finish_run(con, run_id, metas)
+    result.num_ranks = len(seen_ranks)
+    result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
+    return result
+
+
+def _submit_batch(pool: ThreadPoolExecutor, files, tmp: Path, batch_index: int):
+    return [pool.submit(split_trace, f, tmp / f"b{batch_index}-{i}.json") for i, f in enumerate(files)]
+
+
+def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: dict[Path, str]) -> None:
+    """Scan one batch of events arrays into events/steps and describe its ranks."""
+    con.execute("CREATE OR REPLACE TEMP TABLE _batch_files (array_path VARCHAR, rank INTEGER, base_ns BIGINT)")
+    con.executemany("INSERT INTO _batch_files VALUES (?, ?, ?)",
+                    [[str(s.array_path), rank, _base_ns(s.metadata)] for rank, s in batch])
+    paths = [str(s.array_path) for _, s in batch]
+    try:
+        _run_sql(con, "ingest_stage.sql", None, {"paths": paths})
+    except duckdb.Error as exc:
+        raise _bad_json(exc, batch) from None
+    _run_sql(con, "ingest_events.sql", run_id)
+    stats = {row[0]: row[1:] for row in con.execute("""
+        SELECT rank, count(*), min(ts_ns) FILTER (WHERE kind NOT IN ('metadata')),
+               max(ts_ns + dur_ns) FILTER (WHERE kind NOT IN ('metadata')),
+               mode(device) FILTER (WHERE kind = 'kernel'),
+               mode(TRY_CAST(pid AS BIGINT)) FILTER (WHERE kind = 'cpu_op')
+        FROM _stage GROUP BY rank""").fetchall()}
+    for rank, split in batch:
+        meta = split.metadata
+        num_events, first_ts, last_ts, device_index, pid = stats.get(rank, (0, None, None, None, None))
+        bprof_meta = meta.get("bprof") if isinstance(meta.get("bprof"), dict) else {}
+        con.execute(
+            "INSERT INTO ranks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
+            [run_id, rank, bprof_meta.get("local_rank"), bprof_meta.get("host") or meta.get("host_name"),
+             pid, _device_name(meta, device_index), device_index, str(split.path), hashes[split.path],
+             split.uncompressed_bytes, "relative_base" if "baseTimeNanoseconds" in meta else "absolute_us",
+             _base_ns(meta), first_ts, last_ts, num_events,
+             _json_or_none(meta.get("distributedInfo")), _json_or_none(meta.get("deviceProperties"))],
+        )
+    con.execute("DROP TABLE _stage; DROP TABLE _batch_steps; DROP TABLE _batch_files")
+
+
+def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
+    """Fill the run row from its ranks and flag files that cannot belong to one job window."""
+    dists = {r: m.get("distributedInfo") or {} for r, m in metas.items()}
+    world_sizes = {d.get("world_size") for d in dists.values() if d.get("world_size") is not None}
+    backends = {d.get("backend") for d in dists.values() if d.get("backend")}
+    run_ids = {m["bprof"].get("run_id") for m in metas.values()
+               if isinstance(m.get("bprof"), dict) and m["bprof"].get("run_id")}
+    problems = []
+    if len(world_sizes) > 1:
+        problems.append(f"world sizes disagree ({sorted(world_sizes)})")
+    if len(backends) > 1:
+        problems.append(f"backends disagree ({sorted(backends)})")
+    if len(run_ids) > 1:
+        problems.append(f"bprof run ids disagree ({sorted(run_ids)})")
+    step_sets = con.execute(
+        "SELECT rank, list(step ORDER BY step) FROM steps WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
+    ).fetchall()
+    distinct_steps = {tuple(s) for _, s in step_sets}
+    if len(distinct_steps) > 1:
+        shown = "; ".join(f"rank {r}: {_span(s)}" for r, s in step_sets[:4])
+        problems.append(f"step numbers disagree ({shown}{'; ...' if len(step_sets) > 4 else ''})")
+    warnings = []
+    if problems:
+        warnings.append("these files do not look like one job and step window: " + ", ".join(problems)
+                        + "; cross-rank analyses will answer 'not measurable' for this run")
+    world_size = max(world_sizes) if world_sizes else None
+    if world_size and len(metas) < world_size:
+        warnings.append(f"{len(metas)} of {world_size} ranks ingested")
+    model = next((m.get("bprof_model") for m in metas.values() if m.get("bprof_model") is not None), None)
+    if isinstance(model, str):
+        model = json.loads(model)
+    bprof_meta = next((m["bprof"] for m in metas.values() if isinstance(m.get("bprof"), dict)), {})
+    lowest = min(metas)
+    con.execute(
+        """UPDATE runs SET
+             started_at = (SELECT make_timestamptz(min(first_ts_ns) // 1000) FROM ranks WHERE run_id = $run_id),
+             world_size = $world_size, num_ranks_ingested = $num_ranks, backend = $backend,
+             device_name = (SELECT device_name FROM ranks WHERE run_id = $run_id AND rank = $lowest),
+             model_flops_per_step = $model_flops, consistent = $consistent, inconsistency = $inconsistency,
+             command = $command, git_sha = $git_sha, git_branch = $git_branch, metadata = $metadata
+           WHERE run_id = $run_id""",
+        {"run_id": run_id, "world_size": world_size, "num_ranks": len(metas),
+         "backend": next(iter(backends)) if len(backends) == 1 else None, "lowest": lowest,
+         "model_flops": (model or {}).get("model_flops_per_step"), "consistent": not problems,
+         "inconsistency": ", ".join(problems) or None, "command": bprof_meta.get("command"),
+         "git_sha": bprof_meta.get("git_sha"), "git_branch": bprof_meta.get("git_branch"),
+         "metadata": json.dumps({"bprof": bprof_meta, "bprof_model": model})},
+    )
+    return warnings
+
+
+def _run_sql(con, filename: str, run_id: int | None, params: dict | None = None) -> None:
+    sql = resources.files("bprof.store").joinpath(filename).read_text()
+    bound = dict(params or {})
+    if run_id is not None:
+        bound["run_id"] = run_id
+    for statement in _statements(sql):
+        used = {k: v for k, v in bound.items() if f"${k}" in statement}
+        con.execute(statement, used or None)
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a SQL file on statement-ending semicolons (none of ours sit inside strings)."""
+    lines = [ln for ln in sql.splitlines() if not ln.lstrip().startswith("--")]
+    return [s.strip() for s in "\n".join(lines).split(";\n") if s.strip().rstrip(";").strip()]
+
+
+def _bad_json(exc: duckdb.Error, batch: list[tuple[int, SplitTrace]]) -> DataError:
+    message = str(exc)
+    match = _MALFORMED.search(message)
+    by_array = {str(s.array_path): s for _, s in batch}
+    if match and match.group(1) in by_array:
+        split = by_array[match.group(1)]
+        where = split.array_offset + int(match.group(2))
+        reason = match.group(3).strip().splitlines()[0].rstrip(". ")
+        return DataError(f"{split.path}: invalid JSON at byte {where} of the uncompressed trace ({reason})")
+    names = ", ".join(str(s.path) for _, s in batch)
+    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    return DataError(f"{names}: events could not be read ({first})")
+
+
+def _hash_files(files: tuple[Path, ...], workers: int) -> dict[Path, str]:
+    def digest(path: Path) -> str:
+        h = hashlib.sha256()
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(8 << 20):
+                    h.update(chunk)
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+        return h.hexdigest()
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        return dict(zip(files, pool.map(digest, files)))
+
+
+def _unique_name(con, base: str) -> str:
+    taken = {r[0] for r in con.execute("SELECT name FROM runs WHERE name = ? OR name LIKE ?",
+                                       [base, base + "-%"]).fetchall()}
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+def _base_ns(meta: dict) -> int:
+    base = meta.get("baseTimeNanoseconds")
+    return int(base) if isinstance(base, (int, float)) else 0
+
+
+def _device_name(meta: dict, device_index: int | None) -> str:
+    if device_index is None:
+        return "cpu"
+    for prop in meta.get("deviceProperties") or []:
+        if isinstance(prop, dict) and prop.get("id") == device_index:
+            return str(prop.get("name"))
+    return f"device {device_index}"
+
+
+def _json_or_none(value) -> str | None:
+    return None if value is None else json.dumps(value)
+
+
+def _span(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}-{steps[-1]} ({len(steps)})"

@@ -1,0 +1,71 @@
+-- Which events does a batch of rank traces hold, normalised? Reads the events arrays that
+-- kineto_file.split_trace wrote (one per rank) and the table _batch_files(array_path, rank,
+-- base_ns); writes the temp table _stage.
+-- Time trap: modern traces write float us relative to baseTimeNanoseconds, older ones absolute
+-- epoch us. Reading ts as DECIMAL keeps every digit, so ts_ns = base_ns + ts * 1000 is exact.
+CREATE OR REPLACE TEMP TABLE _stage AS
+WITH raw AS (
+    SELECT f.rank, f.base_ns, e.*
+    FROM read_json($paths, format = 'array', filename = true, maximum_object_size = 67108864,
+                   columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR',
+                              tid: 'VARCHAR', ts: 'DECIMAL(22,3)', dur: 'DECIMAL(22,3)',
+                              id: 'VARCHAR', args: 'JSON'}) e
+    JOIN _batch_files f ON f.array_path = e.filename
+), typed AS (
+    SELECT *,
+        CASE
+            WHEN ph = 'M' THEN 'metadata'
+            WHEN ph = 's' THEN 'flow_start'
+            WHEN ph IN ('f', 't') THEN 'flow_end'
+            WHEN ph IN ('i', 'I') THEN 'instant'
+            ELSE CASE lower(cat)
+                WHEN 'cpu_op' THEN 'cpu_op'
+                WHEN 'operator' THEN 'cpu_op'
+                WHEN 'user_annotation' THEN 'user_annotation'
+                WHEN 'gpu_user_annotation' THEN 'gpu_user_annotation'
+                WHEN 'kernel' THEN 'kernel'
+                WHEN 'gpu_memcpy' THEN 'gpu_memcpy'
+                WHEN 'memcpy' THEN 'gpu_memcpy'
+                WHEN 'gpu_memset' THEN 'gpu_memset'
+                WHEN 'memset' THEN 'gpu_memset'
+                WHEN 'cuda_runtime' THEN 'cuda_runtime'
+                WHEN 'runtime' THEN 'cuda_runtime'
+                WHEN 'cuda_driver' THEN 'cuda_driver'
+                WHEN 'python_function' THEN 'python_function'
+                WHEN 'trace' THEN 'trace_span'
+                ELSE 'other'
+            END
+        END AS kind
+    FROM raw
+)
+SELECT
+    rank,
+    kind,
+    cat,
+    name,
+    pid,
+    tid,
+    CASE WHEN kind IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
+         THEN coalesce(TRY_CAST(args ->> '$.device' AS INTEGER), TRY_CAST(pid AS INTEGER)) END AS device,
+    CASE WHEN kind IN ('kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation')
+         THEN coalesce(TRY_CAST(args ->> '$.stream' AS BIGINT),
+                       TRY_CAST(regexp_extract(tid, '(-?\d+)', 1) AS BIGINT)) END AS stream,
+    base_ns + CAST(ts * 1000 AS BIGINT) AS ts_ns,
+    coalesce(CAST(dur * 1000 AS BIGINT), 0) AS dur_ns,
+    CASE WHEN kind IN ('flow_start', 'flow_end') THEN TRY_CAST(id AS BIGINT)
+         ELSE TRY_CAST(args ->> '$.correlation' AS BIGINT) END AS correlation,
+    TRY_CAST(coalesce(args ->> '$."External id"', args ->> '$."external id"') AS BIGINT) AS external_id,
+    args
+FROM typed;
+
+-- Steps of the batch: ProfilerStep#N ranges on the CPU. A step seen on several threads (or
+-- split by a profiler restart) spans from its first start to its last end.
+CREATE OR REPLACE TEMP TABLE _batch_steps AS
+SELECT rank,
+       CAST(substr(name, 14) AS INTEGER) AS step,
+       min(ts_ns) AS ts_ns,
+       max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns
+FROM _stage
+WHERE kind IN ('user_annotation', 'cpu_op') AND name LIKE 'ProfilerStep#%'
+  AND TRY_CAST(substr(name, 14) AS INTEGER) IS NOT NULL
+GROUP BY ALL;

@@ -1,0 +1,205 @@
+"""Split one Kineto trace file into its `traceEvents` array and its other top-level keys.
+
+The array is streamed (gzip or plain) into a work file that DuckDB's JSON reader scans natively;
+the surrounding keys (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`, ...) are
+parsed with the stdlib. Memory stays bounded by the chunk size whatever the trace size.
+
+Format quirk: the metadata keys may come before or after `traceEvents` (modern traces put
+`baseTimeNanoseconds` last), and some traces are pretty-printed, so nothing here relies on lines.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from bprof.errors import DataError
+
+CHUNK_BYTES = 8 << 20
+MAX_HEADER_BYTES = 256 << 20
+TAIL_WINDOWS_BYTES = (1 << 20, 64 << 20)
+
+_GZIP_MAGIC = b"\x1f\x8b"
+# A `]` that may close the traceEvents array: it follows the last event's `}` (or `[` when the
+# array is empty) and is followed by the next top-level key or by the object's closing brace.
+_ARRAY_END_CANDIDATE = re.compile(rb'(?:\}|\[)\s*(\])\s*(?:,\s*"|\}\s*$)')
+
+
+@dataclass(frozen=True)
+class SplitTrace:
+    """One trace file after splitting; `array_path` holds exactly the JSON array of events."""
+
+    path: Path
+    array_path: Path
+    array_offset: int  # byte offset of the array's `[` in the uncompressed source
+    array_bytes: int
+    uncompressed_bytes: int
+    compressed: bool
+    metadata: dict  # every top-level key except traceEvents
+
+
+def split_trace(path: Path, array_path: Path) -> SplitTrace:
+    """Stream `path` into `array_path` (the events array only) and return the metadata.
+
+    Raises DataError naming the file on truncated gzip, invalid JSON around the array, a
+    missing traceEvents key or an empty event list.
+    """
+    path = Path(path)
+    header = bytearray()
+    header_meta: dict | None = None
+    array_offset = -1
+    total = 0
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    with raw, Path(array_path).open("wb") as out:
+        first = raw.read(CHUNK_BYTES)
+        compressed = first[:2] == _GZIP_MAGIC
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if compressed else None
+        chunk = first
+        while chunk:
+            data = _inflate(inflater, chunk, path) if compressed else chunk
+            total += len(data)
+            if header_meta is None:
+                header += data
+                found = _scan_header(bytes(header), path, final=False)
+                if found is not None:
+                    header_meta, array_offset = found
+                    out.write(memoryview(header)[array_offset:])
+                    header = bytearray()
+                elif len(header) > MAX_HEADER_BYTES:
+                    raise DataError(f"{path}: no traceEvents array in the first {MAX_HEADER_BYTES >> 20} MB")
+            else:
+                out.write(data)
+            chunk = raw.read(CHUNK_BYTES)
+        if compressed:
+            total += _finish_inflate(inflater, out if header_meta is not None else None, header, path)
+        if header_meta is None:
+            found = _scan_header(bytes(header), path, final=True)
+            header_meta, array_offset = found
+            out.write(memoryview(header)[array_offset:])
+    array_size = total - array_offset
+    end, tail_meta = _find_array_end(Path(array_path), array_size, path, array_offset)
+    with Path(array_path).open("r+b") as out:
+        out.truncate(end + 1)
+    if _array_is_empty(Path(array_path)):
+        raise DataError(f"{path}: the trace has no events (traceEvents is empty)")
+    metadata = {**header_meta, **tail_meta}
+    return SplitTrace(path, Path(array_path), array_offset, end + 1, total, compressed, metadata)
+
+
+def _inflate(inflater, chunk: bytes, path: Path) -> bytes:
+    try:
+        return inflater.decompress(chunk)
+    except zlib.error as exc:
+        raise DataError(f"{path}: corrupt gzip data ({exc})") from None
+
+
+def _finish_inflate(inflater, out, header: bytearray, path: Path) -> int:
+    """Flush the decompressor and check the gzip stream was complete; returns bytes flushed."""
+    try:
+        rest = inflater.flush()
+    except zlib.error as exc:
+        raise DataError(f"{path}: corrupt gzip data ({exc})") from None
+    if not inflater.eof:
+        raise DataError(f"{path}: truncated gzip stream (the file ends before the compressed data does)")
+    if rest:
+        if out is not None:
+            out.write(rest)
+        else:
+            header += rest
+    return len(rest)
+
+
+def _scan_header(buf: bytes, path: Path, final: bool) -> tuple[dict, int] | None:
+    """Parse top-level keys up to the `[` of traceEvents; return (metadata, its byte offset).
+
+    Returns None when `buf` ends before that point and more data may come (`final` False).
+    """
+    text = buf.decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    meta: dict = {}
+    i = _skip_ws(text, 0)
+    try:
+        if i < len(text) and text[i] == "[":  # a bare Chrome-trace event array
+            return meta, len(text[:i].encode())
+        _expect(text, i, "{")
+        i = _skip_ws(text, i + 1)
+        while True:
+            if text[i] == "}":
+                raise DataError(f"{path}: no traceEvents array (not a Kineto/Chrome trace?)")
+            key, i = decoder.raw_decode(text, i)
+            i = _skip_ws(text, i)
+            _expect(text, i, ":")
+            i = _skip_ws(text, i + 1)
+            if key == "traceEvents":
+                _expect(text, i, "[")
+                return meta, len(text[:i].encode())
+            meta[key], i = decoder.raw_decode(text, i)
+            i = _skip_ws(text, i)
+            if text[i] == ",":
+                i = _skip_ws(text, i + 1)
+            else:
+                _expect(text, i, "}")
+    except (json.JSONDecodeError, IndexError, ValueError) as exc:
+        if not final:
+            return None
+        pos = getattr(exc, "pos", None)
+        where = f" at byte {len(text[:pos].encode())}" if pos is not None else ""
+        if not buf.strip():
+            raise DataError(f"{path}: the file is empty") from None
+        raise DataError(f"{path}: invalid JSON{where} before the traceEvents array, or no traceEvents") from None
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _expect(text: str, i: int, char: str) -> None:
+    if i >= len(text) or text[i] != char:
+        raise ValueError(f"expected {char!r}")
+
+
+def _find_array_end(array_path: Path, size: int, path: Path, array_offset: int) -> tuple[int, dict]:
+    """Locate the `]` closing the events array in the work file; parse the keys after it.
+
+    Algorithm: in a window at the file's end, try each candidate `]` and keep the leftmost one
+    after which the rest parses as the remainder of a JSON object. A `]` inside the array can
+    never qualify: its remainder still holds the array's own closing bracket.
+    """
+    with array_path.open("rb") as f:
+        for window in TAIL_WINDOWS_BYTES:
+            start = max(0, size - window)
+            f.seek(start)
+            tail = f.read()
+            best: tuple[int, dict] | None = None
+            for match in _ARRAY_END_CANDIDATE.finditer(tail):
+                p = match.start(1)
+                rest = tail[p + 1:]
+                try:
+                    extra = json.loads(b'{"_":0' + rest)
+                except ValueError:
+                    continue
+                extra.pop("_")
+                best = (start + p, extra)
+                break  # candidates come left to right: the first that parses is the leftmost
+            if best is not None:
+                return best
+            if start == 0:
+                break
+    raise DataError(
+        f"{path}: truncated or malformed JSON: the traceEvents array starting at byte "
+        f"{array_offset} is never closed"
+    )
+
+
+def _array_is_empty(array_path: Path) -> bool:
+    with array_path.open("rb") as f:
+        head = f.read(4096)
+    return head[1:].lstrip()[:1] == b"]"

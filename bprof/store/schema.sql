@@ -1,0 +1,260 @@
+-- The bprof store, schema version 1. Every table and column is documented with COMMENT ON;
+-- tests/store/test_schema.py fails when one is not. Times are int64 nanoseconds: `*_ts_ns`
+-- on the rank's own clock (epoch-based), `*_dur_ns` durations. Sizes say their unit.
+
+CREATE TABLE meta (
+    key VARCHAR PRIMARY KEY,
+    value VARCHAR NOT NULL
+);
+COMMENT ON TABLE meta IS 'Store-level facts, such as the schema version.';
+COMMENT ON COLUMN meta.key IS 'Name of the fact (schema_version, created_by).';
+COMMENT ON COLUMN meta.value IS 'Its value, as text.';
+
+CREATE SEQUENCE run_id_seq START 1;
+
+CREATE TABLE runs (
+    run_id INTEGER PRIMARY KEY DEFAULT nextval('run_id_seq'),
+    name VARCHAR NOT NULL UNIQUE,
+    started_at TIMESTAMPTZ,
+    ingested_at TIMESTAMPTZ NOT NULL,
+    source_path VARCHAR NOT NULL,
+    fingerprint VARCHAR NOT NULL UNIQUE,
+    command VARCHAR,
+    git_sha VARCHAR,
+    git_branch VARCHAR,
+    benchmark VARCHAR,
+    tags VARCHAR[],
+    world_size INTEGER,
+    num_ranks_ingested INTEGER NOT NULL,
+    backend VARCHAR,
+    device_name VARCHAR,
+    peak_flops_per_s DOUBLE,
+    model_flops_per_step DOUBLE,
+    consistent BOOLEAN NOT NULL,
+    inconsistency VARCHAR,
+    metadata JSON
+);
+COMMENT ON TABLE runs IS 'One row per ingested run: a set of per-rank traces of one job and step window.';
+COMMENT ON COLUMN runs.run_id IS 'Store-wide run identifier.';
+COMMENT ON COLUMN runs.name IS 'Unique human name (from --name, else the directory name, made unique).';
+COMMENT ON COLUMN runs.started_at IS 'Wall-clock start of the earliest traced event of any rank.';
+COMMENT ON COLUMN runs.ingested_at IS 'When the run was ingested.';
+COMMENT ON COLUMN runs.source_path IS 'The path(s) given to ingest, joined by ";".';
+COMMENT ON COLUMN runs.fingerprint IS 'sha256 over the sorted per-file sha256s: the same files make the same run.';
+COMMENT ON COLUMN runs.command IS 'Training command line, when the capture recorded it.';
+COMMENT ON COLUMN runs.git_sha IS 'Git commit of the training code, when known.';
+COMMENT ON COLUMN runs.git_branch IS 'Git branch of the training code, when known.';
+COMMENT ON COLUMN runs.benchmark IS 'Benchmark name that groups comparable runs for CI history.';
+COMMENT ON COLUMN runs.tags IS 'Free-form labels.';
+COMMENT ON COLUMN runs.world_size IS 'Number of ranks of the job (from distributedInfo), which may exceed the ranks ingested.';
+COMMENT ON COLUMN runs.num_ranks_ingested IS 'Number of rank traces ingested for this run.';
+COMMENT ON COLUMN runs.backend IS 'Default process-group backend (nccl, gloo, ...).';
+COMMENT ON COLUMN runs.device_name IS 'Device of rank 0 (GPU name, or cpu).';
+COMMENT ON COLUMN runs.peak_flops_per_s IS 'Dense peak FLOP/s per device used for MFU; NULL until known (never guessed).';
+COMMENT ON COLUMN runs.model_flops_per_step IS 'Model FLOPs per optimizer step declared by the training script (bprof_model metadata).';
+COMMENT ON COLUMN runs.consistent IS 'False when the files disagree on world size, backend, run id or step numbers.';
+COMMENT ON COLUMN runs.inconsistency IS 'How the files disagree, when consistent is false.';
+COMMENT ON COLUMN runs.metadata IS 'Extra run metadata as JSON (bprof_model, capture info).';
+
+CREATE TABLE ranks (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    local_rank INTEGER,
+    host VARCHAR,
+    pid BIGINT,
+    device_name VARCHAR,
+    device_index INTEGER,
+    trace_path VARCHAR NOT NULL,
+    trace_sha256 VARCHAR NOT NULL,
+    trace_bytes BIGINT NOT NULL,
+    time_base VARCHAR NOT NULL,
+    base_time_ns BIGINT NOT NULL,
+    first_ts_ns BIGINT,
+    last_ts_ns BIGINT,
+    num_events BIGINT NOT NULL,
+    clock_offset_ns BIGINT,
+    clock_residual_ns BIGINT,
+    distributed_info JSON,
+    device_properties JSON,
+    PRIMARY KEY (run_id, rank)
+);
+COMMENT ON TABLE ranks IS 'One row per rank trace of a run.';
+COMMENT ON COLUMN ranks.run_id IS 'Run the rank belongs to (runs.run_id).';
+COMMENT ON COLUMN ranks.rank IS 'Global rank.';
+COMMENT ON COLUMN ranks.local_rank IS 'Rank within its host, when known.';
+COMMENT ON COLUMN ranks.host IS 'Host name, when the trace or capture recorded it.';
+COMMENT ON COLUMN ranks.pid IS 'OS process id of the rank (pid of its CPU events).';
+COMMENT ON COLUMN ranks.device_name IS 'Name of the device the rank ran on (GPU model, or cpu).';
+COMMENT ON COLUMN ranks.device_index IS 'Index of that device on its host; NULL on CPU runs.';
+COMMENT ON COLUMN ranks.trace_path IS 'Path of the trace file as ingested.';
+COMMENT ON COLUMN ranks.trace_sha256 IS 'sha256 of the trace file as stored (compressed or not).';
+COMMENT ON COLUMN ranks.trace_bytes IS 'Uncompressed size of the trace JSON in bytes.';
+COMMENT ON COLUMN ranks.time_base IS 'How the trace wrote time: relative_base (baseTimeNanoseconds + relative us) or absolute_us.';
+COMMENT ON COLUMN ranks.base_time_ns IS 'baseTimeNanoseconds of the file (0 for absolute traces); ts_ns = base + ts * 1000.';
+COMMENT ON COLUMN ranks.first_ts_ns IS 'Earliest event start on this rank (own clock).';
+COMMENT ON COLUMN ranks.last_ts_ns IS 'Latest event end on this rank (own clock).';
+COMMENT ON COLUMN ranks.num_events IS 'Number of events ingested from the trace.';
+COMMENT ON COLUMN ranks.clock_offset_ns IS 'Offset to add to this rank''s clock to align it with the run''s reference; NULL until clock alignment runs.';
+COMMENT ON COLUMN ranks.clock_residual_ns IS 'Residual error of that offset estimate; NULL until clock alignment runs.';
+COMMENT ON COLUMN ranks.distributed_info IS 'The trace''s distributedInfo object (backend, world size, process groups).';
+COMMENT ON COLUMN ranks.device_properties IS 'The trace''s deviceProperties list.';
+
+CREATE TABLE events (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    kind VARCHAR NOT NULL,
+    cat VARCHAR,
+    name VARCHAR,
+    pid VARCHAR,
+    tid VARCHAR,
+    device INTEGER,
+    stream BIGINT,
+    ts_ns BIGINT,
+    dur_ns BIGINT,
+    correlation BIGINT,
+    external_id BIGINT,
+    step INTEGER,
+    args JSON
+);
+COMMENT ON TABLE events IS 'Every trace event of every rank, with normalised kind and integer-ns times.';
+COMMENT ON COLUMN events.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN events.rank IS 'Global rank whose trace holds the event.';
+COMMENT ON COLUMN events.kind IS 'Normalised kind: cpu_op, user_annotation, gpu_user_annotation, kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver, python_function, flow_start, flow_end, instant, trace_span, metadata, or other.';
+COMMENT ON COLUMN events.cat IS 'The raw Kineto category as written (Operator, cpu_op, Kernel, ac2g, ...).';
+COMMENT ON COLUMN events.name IS 'Event name (op, kernel or range name).';
+COMMENT ON COLUMN events.pid IS 'Raw pid as text: OS pid on CPU rows, device index on GPU rows, or a label.';
+COMMENT ON COLUMN events.tid IS 'Raw tid as text: OS thread id on CPU rows, stream on GPU rows, or a label.';
+COMMENT ON COLUMN events.device IS 'Device index of GPU rows (kernel, memcpy, memset, gpu_user_annotation); NULL on CPU rows.';
+COMMENT ON COLUMN events.stream IS 'CUDA/HIP stream of GPU rows; NULL on CPU rows.';
+COMMENT ON COLUMN events.ts_ns IS 'Start, epoch nanoseconds on the rank''s own clock.';
+COMMENT ON COLUMN events.dur_ns IS 'Duration in nanoseconds (0 for instants and flows).';
+COMMENT ON COLUMN events.correlation IS 'Launch-to-kernel correlation id (runtime and GPU rows) or flow id (flow rows).';
+COMMENT ON COLUMN events.external_id IS 'Kineto External id tying GPU rows and runtime calls to their CPU op.';
+COMMENT ON COLUMN events.step IS 'Profiler step the event belongs to (GPU rows: the step of their launch); NULL outside steps.';
+COMMENT ON COLUMN events.args IS 'The raw args object of the event.';
+
+CREATE TABLE collectives (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    call_index INTEGER NOT NULL,
+    op VARCHAR NOT NULL,
+    raw_name VARCHAR NOT NULL,
+    source VARCHAR NOT NULL,
+    is_p2p BOOLEAN NOT NULL,
+    pg_name VARCHAR,
+    pg_desc VARCHAR,
+    pg_ranks INTEGER[],
+    group_size INTEGER,
+    seq BIGINT,
+    dtype VARCHAR,
+    in_elems BIGINT,
+    out_elems BIGINT,
+    in_bytes BIGINT,
+    out_bytes BIGINT,
+    num_parts INTEGER NOT NULL,
+    tid VARCHAR,
+    cpu_ts_ns BIGINT,
+    cpu_dur_ns BIGINT,
+    device_ts_ns BIGINT,
+    device_dur_ns BIGINT,
+    num_kernels INTEGER NOT NULL,
+    external_id BIGINT,
+    step INTEGER,
+    PRIMARY KEY (run_id, rank, call_index)
+);
+COMMENT ON TABLE collectives IS 'One row per rank per collective or p2p call (wait is not a collective).';
+COMMENT ON COLUMN collectives.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN collectives.rank IS 'Global rank that made the call.';
+COMMENT ON COLUMN collectives.call_index IS 'Order of the call on this rank (by CPU or device start), from 0.';
+COMMENT ON COLUMN collectives.op IS 'Canonical op: all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all, gather, scatter, barrier, send, recv, or unknown.';
+COMMENT ON COLUMN collectives.raw_name IS 'Name as traced (c10d::allreduce_, record_param_comms Collective name, NCCL kernel or gloo range name).';
+COMMENT ON COLUMN collectives.source IS 'What the row was built from: c10d (a c10d::* CPU op, with its record_param_comms if any), record_param_comms, kernel_only (an NCCL kernel with no CPU op) or gloo_only (a gloo:* range with no CPU op).';
+COMMENT ON COLUMN collectives.is_p2p IS 'True for send and recv.';
+COMMENT ON COLUMN collectives.pg_name IS 'Process group name (id) when traced or implied by a single process group.';
+COMMENT ON COLUMN collectives.pg_desc IS 'Process group description (default_pg, DATA_PARALLEL_GROUP, ...).';
+COMMENT ON COLUMN collectives.pg_ranks IS 'Global ranks of the process group.';
+COMMENT ON COLUMN collectives.group_size IS 'Number of ranks in the process group.';
+COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number when the trace has one (NCCL, recent torch).';
+COMMENT ON COLUMN collectives.dtype IS 'Element type as traced (Float, BFloat16, float, c10::BFloat16, ...).';
+COMMENT ON COLUMN collectives.in_elems IS 'Input elements (In msg nelems, or the product of Input Dims).';
+COMMENT ON COLUMN collectives.out_elems IS 'Output elements (Out msg nelems), when traced.';
+COMMENT ON COLUMN collectives.in_bytes IS 'Input message size in bytes (in_elems * element size).';
+COMMENT ON COLUMN collectives.out_bytes IS 'Output message size in bytes (out_elems * element size).';
+COMMENT ON COLUMN collectives.num_parts IS 'Number of record_param_comms parts (more than 1 for coalesced collectives).';
+COMMENT ON COLUMN collectives.tid IS 'CPU thread that issued the call.';
+COMMENT ON COLUMN collectives.cpu_ts_ns IS 'Start of the CPU call, own clock.';
+COMMENT ON COLUMN collectives.cpu_dur_ns IS 'Duration of the CPU call (launch cost for async NCCL ops).';
+COMMENT ON COLUMN collectives.device_ts_ns IS 'Start of its work: first NCCL kernel, or the gloo worker range; own clock.';
+COMMENT ON COLUMN collectives.device_dur_ns IS 'From device_ts_ns to the end of its last kernel or gloo range.';
+COMMENT ON COLUMN collectives.num_kernels IS 'Number of device kernels (or gloo ranges) linked to the call.';
+COMMENT ON COLUMN collectives.external_id IS 'External id of the CPU op the row was built from.';
+COMMENT ON COLUMN collectives.step IS 'Profiler step of the call.';
+
+CREATE TABLE steps (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    ts_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL,
+    PRIMARY KEY (run_id, rank, step)
+);
+COMMENT ON TABLE steps IS 'Profiler steps (ProfilerStep#N ranges on the CPU) per rank.';
+COMMENT ON COLUMN steps.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN steps.rank IS 'Global rank.';
+COMMENT ON COLUMN steps.step IS 'Step number N of ProfilerStep#N.';
+COMMENT ON COLUMN steps.ts_ns IS 'Start of the step on the CPU, own clock.';
+COMMENT ON COLUMN steps.dur_ns IS 'CPU duration of the step range.';
+
+CREATE TABLE metrics (
+    run_id INTEGER NOT NULL,
+    name VARCHAR NOT NULL,
+    value DOUBLE,
+    unit VARCHAR NOT NULL,
+    computed_by VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+COMMENT ON TABLE metrics IS 'Run-level numbers that CI and the history views read (mfu, step_time_ns, ...).';
+COMMENT ON COLUMN metrics.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN metrics.name IS 'Metric name, unit-suffixed where it has one (step_time_ns, mfu_frac).';
+COMMENT ON COLUMN metrics.value IS 'Value; NULL when not measurable.';
+COMMENT ON COLUMN metrics.unit IS 'Unit of value (ns, frac, flops_per_s, count).';
+COMMENT ON COLUMN metrics.computed_by IS 'Analyzer that wrote the metric.';
+
+CREATE TABLE step_metrics (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    name VARCHAR NOT NULL,
+    value DOUBLE,
+    unit VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, rank, step, name)
+);
+COMMENT ON TABLE step_metrics IS 'Per-rank, per-step samples of a metric: the evidence the CI gate compares.';
+COMMENT ON COLUMN step_metrics.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN step_metrics.rank IS 'Global rank.';
+COMMENT ON COLUMN step_metrics.step IS 'Profiler step number.';
+COMMENT ON COLUMN step_metrics.name IS 'Metric name (step_time_ns, mfu_frac, ...).';
+COMMENT ON COLUMN step_metrics.value IS 'Value; NULL when not measurable.';
+COMMENT ON COLUMN step_metrics.unit IS 'Unit of value.';
+
+CREATE SEQUENCE finding_id_seq START 1;
+
+CREATE TABLE findings (
+    finding_id INTEGER PRIMARY KEY DEFAULT nextval('finding_id_seq'),
+    run_id INTEGER NOT NULL,
+    analyzer VARCHAR NOT NULL,
+    severity VARCHAR NOT NULL,
+    lost_ns BIGINT,
+    title VARCHAR NOT NULL,
+    detail VARCHAR,
+    evidence JSON
+);
+COMMENT ON TABLE findings IS 'Ranked findings: what is slow and how much fixing it would buy.';
+COMMENT ON COLUMN findings.finding_id IS 'Store-wide finding identifier.';
+COMMENT ON COLUMN findings.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN findings.analyzer IS 'Analyzer that produced the finding.';
+COMMENT ON COLUMN findings.severity IS 'info, warning or critical; not_measurable when the data cannot answer.';
+COMMENT ON COLUMN findings.lost_ns IS 'How much shorter the step would be with this cause removed (counterfactual in detail); findings overlap and are never summed.';
+COMMENT ON COLUMN findings.title IS 'One-line summary.';
+COMMENT ON COLUMN findings.detail IS 'Explanation, including the counterfactual behind lost_ns.';
+COMMENT ON COLUMN findings.evidence IS 'JSON naming the ranks, steps and events behind the finding.';
