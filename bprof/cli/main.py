@@ -1,0 +1,55 @@
+"""The `bprof` command: a Typer app whose command groups live one per module."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from bprof.cli import export, ingest, runs
+from bprof.errors import BprofError
+
+app = typer.Typer(
+    name="bprof",
+    help="Where the time of a distributed training step goes, on every rank.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+ingest.register(app)
+runs.register(app)
+export.register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; a BprofError becomes one line on stderr and its exit code (--debug: traceback)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        app(args, standalone_mode=False)
+    except BprofError as exc:
+        if debug:
+            raise
+        print(f"bprof: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("bprof: interrupted", file=sys.stderr)
+        return 130
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # click usage errors and aborts
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return exc.exit_code
+        if isinstance(exc, click.exceptions.Abort):
+            return 1
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
