@@ -31,7 +31,7 @@ def ingest(
     con = open_store(db)
     try:
         with Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True, disable=as_json) as bar:
+                      console=err, transient=True, disable=as_json or not err.is_terminal) as bar:
             task = bar.add_task("ingest", total=None)
             results = ingest_paths(con, paths, IngestOptions(name=name, rank=rank, workers=workers),
                                    progress=lambda done, total: bar.update(task, completed=done, total=total))

@@ -39,13 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except typer.Exit as exc:
         return exc.exit_code
-    except Exception as exc:  # click usage errors and aborts
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:
+        # Typer's own (vendored click) usage errors: show them as click would, exit 2
+        if hasattr(exc, "show") and hasattr(exc, "exit_code"):
             exc.show()
             return exc.exit_code
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             return 1
         raise
     return 0

@@ -231,12 +231,39 @@ def _bad_json(exc: duckdb.Error, batch: list[tuple[int, SplitTrace]]) -> DataErr
     by_array = {str(s.array_path): s for _, s in batch}
     if match and match.group(1) in by_array:
         split = by_array[match.group(1)]
-        where = split.array_offset + int(match.group(2))
-        reason = match.group(3).strip().splitlines()[0].rstrip(". ")
-        return DataError(f"{split.path}: invalid JSON at byte {where} of the uncompressed trace ({reason})")
+        where, reason = _pinpoint(split.array_path)
+        reason = reason or match.group(3).strip().splitlines()[0].rstrip(". ")
+        return DataError(f"{split.path}: invalid JSON at byte {split.array_offset + where} of the uncompressed trace ({reason})")
     names = ", ".join(str(s.path) for _, s in batch)
     first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
     return DataError(f"{names}: events could not be read ({first})")
+
+
+def _pinpoint(array_path: Path) -> tuple[int, str | None]:
+    """Find the first bad character of an events array (DuckDB names only the bad record).
+
+    Runs only on the error path: a streaming Python parse, record by record, in 8 MB chunks.
+    """
+    decoder = json.JSONDecoder()
+    consumed = 0  # bytes of the file before `text`
+    with array_path.open("rb") as f:
+        text = f.read(8 << 20).decode("utf-8", errors="replace")
+        i = 1  # after the opening [
+        while True:
+            while i < len(text) and text[i] in " \t\r\n,":
+                i += 1
+            if i < len(text) and text[i] == "]":
+                return consumed + len(text[:i].encode()), None
+            try:
+                _, i = decoder.raw_decode(text, i)
+            except json.JSONDecodeError as exc:
+                more = f.read(8 << 20)
+                if more and exc.pos >= len(text) - 1_000_000:
+                    consumed += len(text[:i].encode())
+                    text = text[i:] + more.decode("utf-8", errors="replace")
+                    i = 0
+                    continue
+                return consumed + len(text[:exc.pos].encode()), exc.msg.lower()
 
 
 def _hash_files(files: tuple[Path, ...], workers: int) -> dict[Path, str]:

@@ -134,7 +134,9 @@ WITH ev AS (
            CASE WHEN c.name = 'record_param_comms' THEN coalesce(c.coll_name, c.name) ELSE c.name END AS raw_name,
            CASE WHEN c.name = 'record_param_comms' THEN 'record_param_comms' ELSE 'c10d' END AS source,
            c.rpc_args AS info, c.args AS call_args,
-           (SELECT arg_min(g.args, g.ts_ns) FROM call_gloo_nested n JOIN gloo g USING (gid) WHERE n.cid = c.cid) AS gloo_args,
+           (SELECT arg_min(g.args, g.ts_ns)
+            FROM (SELECT cid, gid FROM call_gloo_nested UNION ALL SELECT cid, gid FROM ordered_match) n
+            JOIN gloo g USING (gid) WHERE n.cid = c.cid) AS gloo_args,
            coalesce(c.num_parts, 1) AS num_parts, c.tid, c.ts_ns AS cpu_ts_ns, c.dur_ns AS cpu_dur_ns,
            w.ts_ns AS device_ts_ns, w.dur_ns AS device_dur_ns, coalesce(w.n, 0) AS num_kernels,
            c.external_id, c.step

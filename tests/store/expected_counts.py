@@ -1,0 +1,75 @@
+"""Independent expectations for a Kineto trace, computed with the stdlib only.
+
+Deliberately shares no code with bprof's ingest (which is SQL over DuckDB): it walks the raw
+JSON in Python with simpler rules, so agreement between the two is evidence, not tautology.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+CPU_CATS = {"cpu_op", "Operator", "user_annotation"}
+KERNEL_CATS = {"kernel", "Kernel"}
+RUNTIME_CATS = {"cuda_runtime", "Runtime"}
+
+
+def load(path: Path) -> dict:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def op_of(name: str) -> str:
+    key = re.sub(r"^(c10d::|_c10d_functional::|nccl:|gloo:|nccl(dev)?kernel_)", "", name.lower()).replace("_", "")
+    for prefix, op in (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+                       ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("barrier", "barrier"),
+                       ("sendrecv", "send_recv"), ("send", "send"), ("recv", "recv")):
+        if key.startswith(prefix):
+            return op
+    return "unknown"
+
+
+def expected(path: Path) -> dict:
+    trace = load(path)
+    events = trace["traceEvents"]
+    dist = trace.get("distributedInfo") or {}
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") in KERNEL_CATS]
+    devices = Counter(e["args"].get("device", e.get("pid")) for e in kernels)
+    device_name = "cpu"
+    if devices:
+        index = devices.most_common(1)[0][0]
+        device_name = next(p["name"] for p in trace["deviceProperties"] if p["id"] == index)
+    steps = {e["name"] for e in events if e.get("cat") in CPU_CATS and str(e.get("name", "")).startswith("ProfilerStep#")}
+
+    c10d = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("c10d::") and "wait" not in e["name"]]
+    calls = Counter(op_of(e["name"]) for e in c10d)
+    # NCCL kernels whose launch is not inside any c10d call of the same thread: kernel-only rows
+    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})}
+    for k in kernels:
+        if not k["name"].lower().startswith("nccl"):
+            continue
+        launch = launches.get(k["args"].get("correlation"))
+        inside = launch is not None and any(
+            c["tid"] == launch["tid"] and c["ts"] <= launch["ts"] <= c["ts"] + c["dur"] for c in c10d)
+        if not inside:
+            calls[op_of(k["name"])] += 1
+    if not c10d:  # CPU-only traces without c10d ops: the gloo worker ranges are the calls
+        for e in events:
+            if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"):
+                calls[op_of(e["name"])] += 1
+    waits = sum(1 for e in events if e.get("name") == "record_param_comms"
+                and (e.get("args") or {}).get("Collective name") == "wait")
+    return {
+        "rank": dist.get("rank"),
+        "world_size": dist.get("world_size"),
+        "device_name": device_name,
+        "num_events": len(events),
+        "num_steps": len(steps),
+        "num_kernels": len(kernels),
+        "collectives": dict(calls),
+        "num_wait_records": waits,
+    }
