@@ -12,6 +12,9 @@ from __future__ import annotations
 # Op kinds.
 OP, SYNC, BEGIN, END = 0, 1, 2, 3
 
+# CPU threads of a rank: the main (training loop) thread and the autograd engine's device thread.
+MAIN, BWD = 0, 1
+
 # Streams (GPU rows have pid = device index, tid = stream id).
 COMPUTE_STREAM = 7
 TP_STREAM = 20

@@ -15,21 +15,26 @@ import random
 from collections import Counter
 
 from . import layers
-from .catalog import (ELEM_BYTES, INPUT_TYPE, TORCH_DTYPE, comm_ns, kernel_names, mem_ns,
-                      nccl_kernel_name)
+from .catalog import ELEM_BYTES, TORCH_DTYPE, comm_ns, kernel_names, mem_ns, nccl_kernel_name
 from .clock import mix
-from .ops import (BEGIN, COMPUTE_STREAM, DP_STREAM, END, OP, PP_NEXT_STREAM, PP_PREV_STREAM,
-                  SYNC, TP_STREAM, Comm, Cpu, Gpu, N, Op, R, layout)
+from .layers import NONE, S, T, shapes
+from .ops import (BEGIN, BWD, COMPUTE_STREAM, DP_STREAM, END, MAIN, OP, PP_NEXT_STREAM,
+                  PP_PREV_STREAM, SYNC, TP_STREAM, Comm, Cpu, Gpu, N, Op, R, layout)
 from .scenario import Scenario, Topology
 from .schedule import stage_actions
 
-MAIN, BWD = 0, 1
 C10D = {"allreduce": "c10d::allreduce_", "allgather": "c10d::_allgather_base_",
         "reduce_scatter": "c10d::_reduce_scatter_base_", "broadcast": "c10d::broadcast_",
         "send": "c10d::send", "recv": "c10d::recv_"}
 ANNOT = {"allreduce": "nccl:all_reduce", "allgather": "nccl:_all_gather_base",
          "reduce_scatter": "nccl:_reduce_scatter_base", "broadcast": "nccl:broadcast",
          "send": "nccl:send", "recv": "nccl:recv"}
+
+
+def _uniform_int(rng: random.Random):
+    """rng.randint without its overhead (it dominated build time)."""
+    r = rng.random
+    return lambda lo, hi: lo + int(r() * (hi - lo + 1))
 
 
 class Program:
@@ -47,49 +52,6 @@ class Program:
         self.tail_ns = 0                 # ... and stops this long after the last
 
 
-def T(dims, dtype):
-    return ("T", list(dims), dtype)
-
-
-def S(value):
-    return ("S", value)
-
-
-NONE = ("N",)
-
-
-def shapes(*inputs):
-    """record_shapes args (Input Dims, Input type, Input Strides, Concrete Inputs) of inputs."""
-    dims, types, strides, concrete = [], [], [], []
-    for x in inputs:
-        if x[0] == "T":
-            d = x[1]
-            st, acc = [], 1
-            for n in reversed(d):
-                st.append(acc)
-                acc *= n
-            dims.append(d)
-            types.append(INPUT_TYPE.get(x[2], x[2]))
-            strides.append(st[::-1])
-            concrete.append("")
-        elif x[0] == "L":  # a TensorList of one tensor
-            dims.append([x[1]])
-            types.append("TensorList")
-            strides.append([[1]])
-            concrete.append("")
-        elif x[0] == "S":
-            dims.append([])
-            types.append("Scalar")
-            strides.append([])
-            concrete.append(str(x[1]))
-        else:
-            dims.append([])
-            types.append("")
-            strides.append([])
-            concrete.append("")
-    return dims, types, strides, concrete
-
-
 class RankBuilder:
     def __init__(self, sc: Scenario, topo: Topology, rank: int, faults):
         self.sc, self.topo, self.rank = sc, topo, rank
@@ -102,8 +64,8 @@ class RankBuilder:
         self.tp_group, self.dp_group = topo.tp_group(rank), topo.dp_group(rank)
         self.pp_group = topo.pp_group(rank)
         self.rng = random.Random(mix(sc.seed, rank, 1))
-        self.rnd = self.rng.randint
-        self.rng_dp = random.Random(mix(sc.seed, rank, 2))  # DP buckets only (see exposed_comm)
+        self.rnd = _uniform_int(self.rng)
+        self.rnd_dp = _uniform_int(random.Random(mix(sc.seed, rank, 2)))  # DP buckets only
         self.prog = Program(rank)
         self.pending: list[Gpu] = []     # deps of the next compute kernel
         self.last_compute: Gpu | None = None
@@ -155,8 +117,8 @@ class RankBuilder:
     def launch(self, g: Gpu) -> R:
         return R("cudaLaunchKernel", 211, (g,), dur=self.rnd(3000, 9000))
 
-    def emit(self, thread, roots, kind=OP, ref=None, rng=None, append=True) -> Op:
-        cpu, rts, total = layout(roots, (rng or self.rng).randint)
+    def emit(self, thread, roots, kind=OP, ref=None, rnd=None, append=True) -> Op:
+        cpu, rts, total = layout(roots, rnd or self.rnd)
         op = Op(kind, thread, cpu, rts, total, ref, self.step)
         if append:
             self.prog.ops.append(op)
@@ -182,9 +144,9 @@ class RankBuilder:
         self.fwd_seq[(mb, key)] = self.seqnr
         return self.seqnr
 
-    def comm(self, op, group, in_n, out_n, dtype, stream, *, blocking, peer=None, rng=None):
+    def comm(self, op, group, in_n, out_n, dtype, stream, *, blocking, peer=None, rnd=None):
         """A c10d call ⊃ record_param_comms ⊃ (event calls, nccl:* range, kernel launch)."""
-        rnd = (rng or self.rng).randint
+        rnd = rnd or self.rnd
         if op in ("send", "recv"):
             src, dst = (self.rank, peer) if op == "send" else (peer, self.rank)
             n = self.p2p_k[(src, dst)]
@@ -239,17 +201,17 @@ class RankBuilder:
         nelems = -(-nelems // dp) * dp
         if self.sc.dp_mode == "zero1":
             node, g = self.comm("reduce_scatter", self.dp_group, nelems, nelems // dp, "Float",
-                                DP_STREAM, blocking=False, rng=self.rng_dp)
+                                DP_STREAM, blocking=False, rnd=self.rnd_dp)
         else:
             node, g = self.comm("allreduce", self.dp_group, nelems, nelems, "Float", DP_STREAM,
-                                blocking=False, rng=self.rng_dp)
+                                blocking=False, rnd=self.rnd_dp)
         self.dp_work.append(g)
         if self.exposed:
-            self.deferred.append(self.emit(MAIN, [node], rng=self.rng_dp, append=False))
+            self.deferred.append(self.emit(MAIN, [node], rnd=self.rnd_dp, append=False))
         else:
             wrap = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
             self.emit(BWD, [N(wrap, [N("torch::autograd::AccumulateGrad"), node])],
-                      rng=self.rng_dp)
+                      rnd=self.rnd_dp)
 
     # --- one step -----------------------------------------------------------------------------
 

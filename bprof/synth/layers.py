@@ -1,0 +1,307 @@
+"""Transformer recipes: which CPU ops launch which kernels, forward, backward and optimizer.
+
+Megatron sequence-first activations [s, b, h]; column-parallel QKV/fc1 and row-parallel
+proj/fc2 (TP all-reduce after each row-parallel GEMM in forward and after each column-parallel
+dgrad in backward). `b` is a program.RankBuilder. Forward runs on the main thread, backward on the
+autograd thread as `autograd::engine::evaluate_function: XBackward0` ⊃ `XBackward0` ⊃ aten ops.
+The 2022 format uses the pre-SDPA attention (baddbmm, softmax, bmm).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from .catalog import ATTN_EFF, INPUT_TYPE, gemm_ns, mem_ns
+from .ops import BWD, MAIN, TP_STREAM, N, R
+
+
+def T(dims, dtype):
+    return ("T", list(dims), dtype)
+
+
+def S(value):
+    return ("S", value)
+
+
+def L(dims):
+    return ("L", list(dims))
+
+
+NONE = ("N",)
+
+
+def shapes(*inputs):
+    """record_shapes args (Input Dims, Input type, Input Strides, Concrete Inputs) of inputs."""
+    dims, types, strides, concrete = [], [], [], []
+    for x in inputs:
+        if x[0] == "T":
+            st, acc = [], 1
+            for n in reversed(x[1]):
+                st.append(acc)
+                acc *= n
+            dims.append(x[1])
+            types.append(INPUT_TYPE.get(x[2], x[2]))
+            strides.append(st[::-1])
+            concrete.append("")
+        elif x[0] == "L":  # TensorList of one tensor
+            dims.append([x[1]])
+            types.append("TensorList")
+            strides.append([[1]])
+            concrete.append("")
+        elif x[0] == "S":
+            dims.append([])
+            types.append("Scalar")
+            strides.append([])
+            concrete.append(str(x[1]))
+        else:
+            dims.append([])
+            types.append("")
+            strides.append([])
+            concrete.append("")
+    return dims, types, strides, concrete
+
+
+def rank_params(b) -> int:
+    """Parameters held by one rank (its stage's layers / tp, plus embedding / LM head)."""
+    sc, h = b.sc, b.sc.hidden
+    n = b.topo.stage_layers(b.stage) * 12 * h * h // sc.tp
+    n += (b.stage == 0) * sc.vocab * h // sc.tp
+    n += (b.stage == sc.pp - 1) * sc.vocab * h // sc.tp
+    return n
+
+
+def layer_ids(b) -> range:
+    first = sum(b.topo.stage_layers(p) for p in range(b.stage))
+    return range(first, first + b.topo.stage_layers(b.stage))
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+def linear(b, mb, key, in_dims, k, n, role):
+    m, dt = prod(in_dims[:-1]), b.act_dtype
+    g = b.kern(role, "gemm", gemm_ns(b.dev, 2 * m * k * n), layer=True)
+    seq = b.fwd_op_seq(mb, key)
+    mm = N("aten::mm", [b.launch(g)], info=b.info(T([m, k], dt), T([k, n], dt)))
+    b.emit(MAIN, [N("aten::linear", [mm], info=b.info(T(in_dims, dt), T([n, k], dt), NONE,
+                                                      seq=seq))])
+
+
+def layer_norm(b, mb, key, dims):
+    dt, h = b.act_dtype, dims[-1]
+    g = b.kern("ln_fwd", "ln", mem_ns(b.dev, prod(dims) * 4), layer=True)
+    seq = b.fwd_op_seq(mb, key)
+    args = (T(dims, dt), S([h]), T([h], dt), T([h], dt), S(1e-05))
+    inner = N("aten::native_layer_norm", [b.launch(g)], info=b.info(*args))
+    b.emit(MAIN, [N("aten::layer_norm", [inner], info=b.info(*args, S("True"), seq=seq))])
+
+
+def pointwise(b, mb, key, op, kernel, dims, inputs):
+    g = b.kern(kernel, "elementwise", mem_ns(b.dev, prod(dims) * 2 * inputs), layer=True)
+    seq = b.fwd_op_seq(mb, key)
+    args = [T(dims, b.act_dtype) for _ in range(inputs - 1)]
+    b.emit(MAIN, [N(op, [b.launch(g)], info=b.info(*args, S(1) if op == "aten::add" else
+                                                    S("none"), seq=seq))])
+
+
+def attention(b, mb, li):
+    sc, dt = b.sc, b.act_dtype
+    s, bs, nh = sc.seq_len, sc.micro_batch_size, sc.heads // sc.tp
+    hd = sc.hidden // sc.heads
+    flops = 4 * bs * nh * s * s * hd // 2  # causal
+    if b.modern:
+        g = b.kern("flash_fwd", "flash", gemm_ns(b.dev, flops, ATTN_EFF), layer=True)
+        seq = b.fwd_op_seq(mb, (li, "attn"))
+        q = T([bs, nh, s, hd], dt)
+        inner = N("aten::_flash_attention_forward", [b.launch(g)],
+                  info=b.info(q, q, q, NONE, NONE, S(s), S(s), S(0.0), S("True"), S("False")))
+        mid = N("aten::_scaled_dot_product_flash_attention", [inner],
+                info=b.info(q, q, q, S(0.0), S("True"), S("False"), NONE))
+        b.emit(MAIN, [N("aten::scaled_dot_product_attention", [mid],
+                        info=b.info(q, q, q, NONE, S(0.0), S("True"), NONE, S("False"),
+                                    seq=seq))])
+        return
+    g = b.kern("bmm", "gemm", gemm_ns(b.dev, flops), layer=True)
+    seq = b.fwd_op_seq(mb, (li, "qk"))
+    b.emit(MAIN, [N("aten::baddbmm", [b.launch(g)],
+                    info=b.info(T([bs * nh, s, s], dt), T([bs * nh, s, hd], dt),
+                                T([bs * nh, hd, s], dt), S(0.0), S(0.125), seq=seq))])
+    g = b.kern("softmax", "softmax", mem_ns(b.dev, bs * nh * s * s * 4), layer=True)
+    seq = b.fwd_op_seq(mb, (li, "softmax"))
+    b.emit(MAIN, [N("aten::softmax", [N("aten::_softmax", [b.launch(g)])],
+                    info=b.info(T([bs, nh, s, s], dt), S(-1), NONE, seq=seq))])
+    g = b.kern("bmm", "gemm", gemm_ns(b.dev, flops), layer=True)
+    seq = b.fwd_op_seq(mb, (li, "av"))
+    b.emit(MAIN, [N("aten::bmm", [b.launch(g)],
+                    info=b.info(T([bs * nh, s, s], dt), T([bs * nh, s, hd], dt), seq=seq))])
+
+
+def forward_layer(b, mb, li):
+    sc = b.sc
+    s, bs, h, tp = sc.seq_len, sc.micro_batch_size, sc.hidden, sc.tp
+    x = [s, bs, h]
+    layer_norm(b, mb, (li, "ln1"), x)
+    linear(b, mb, (li, "qkv"), x, h, 3 * h // tp, "fwd")
+    attention(b, mb, li)
+    linear(b, mb, (li, "proj"), [s, bs, h // tp], h // tp, h, "fwd2")
+    b.tp_allreduce(MAIN, s * bs * h)
+    pointwise(b, mb, (li, "add1"), "aten::add", "add", x, 3)
+    layer_norm(b, mb, (li, "ln2"), x)
+    linear(b, mb, (li, "fc1"), x, h, 4 * h // tp, "fwd")
+    pointwise(b, mb, (li, "gelu"), "aten::gelu", "gelu", [s, bs, 4 * h // tp], 2)
+    linear(b, mb, (li, "fc2"), [s, bs, 4 * h // tp], 4 * h // tp, h, "fwd2")
+    b.tp_allreduce(MAIN, s * bs * h)
+    pointwise(b, mb, (li, "add2"), "aten::add", "add", x, 3)
+
+
+def forward(b, mb):
+    """One microbatch forward on this stage (embedding on the first, loss on the last)."""
+    sc = b.sc
+    s, bs, h, tp, v = sc.seq_len, sc.micro_batch_size, sc.hidden, sc.tp, sc.vocab
+    first, last = b.stage == 0, b.stage == sc.pp - 1
+    if tp > 1 and (first or last):  # Megatron broadcasts the batch from TP rank 0
+        node, _ = b.comm("broadcast", b.tp_group, s * bs, s * bs, "Long", TP_STREAM,
+                         blocking=True)
+        b.emit(MAIN, [node])
+    if first:
+        g = b.kern("embed", "elementwise", mem_ns(b.dev, s * bs * h * 4))
+        seq = b.fwd_op_seq(mb, "embed")
+        w = T([v // tp, h], b.act_dtype)
+        sel = N("aten::index_select", [b.launch(g)], info=b.info(w, S(0), T([s * bs], "Long")))
+        b.emit(MAIN, [N("aten::embedding", [sel], info=b.info(w, T([s, bs], "Long"), S(-1),
+                                                              S("False"), S("False"), seq=seq))])
+        b.tp_allreduce(MAIN, s * bs * h)
+    for li in layer_ids(b):
+        forward_layer(b, mb, li)
+    if last:
+        layer_norm(b, mb, "final_ln", [s, bs, h])
+        linear(b, mb, "lm_head", [s, bs, h], h, v // tp, "fwd")
+        b.tp_allreduce(MAIN, s * bs, "Float")  # vocab-parallel cross entropy: max, then sum
+        b.tp_allreduce(MAIN, s * bs, "Float")
+        g1 = b.kern("logsoftmax", "softmax", mem_ns(b.dev, s * bs * v // tp * 8))
+        g2 = b.kern("nll", "reduce", mem_ns(b.dev, s * bs * 8))
+        seq = b.fwd_op_seq(mb, "loss")
+        b.emit(MAIN, [N("aten::cross_entropy_loss", [
+            N("aten::log_softmax", [N("aten::_log_softmax", [b.launch(g1)])]),
+            N("aten::nll_loss_nd", [N("aten::nll_loss_forward", [b.launch(g2)])])],
+            info=b.info(T([s * bs, v // tp], "Float"), T([s * bs], "Long"), NONE, S(1), S(-100),
+                        S(0.0), seq=seq))])
+
+
+# --- backward -----------------------------------------------------------------------------------
+
+def grad_fn(b, mb, key, name, children):
+    """evaluate_function: <name> ⊃ <name> ⊃ children, linked to its forward op by `seq`."""
+    seq = b.fwd_seq.get((mb, key))
+    inner = N(name, children, info={"seq": seq, "bwd": True, "flow_end": True})
+    b.emit(BWD, [N(f"autograd::engine::evaluate_function: {name}", [inner],
+                   info={"seq": seq, "bwd": True})])
+
+
+def mm_backward(b, mb, key, m, k, n, name="MmBackward0", kernels=("dgrad", "wgrad")):
+    dt, flops = b.act_dtype, 2 * m * k * n
+    gd = b.kern(kernels[0], "gemm", gemm_ns(b.dev, flops), layer=True)
+    gw = b.kern(kernels[1], "gemm", gemm_ns(b.dev, flops), layer=True)
+    op = "aten::mm" if name == "MmBackward0" else "aten::bmm"
+    grad_fn(b, mb, key, name, [N(op, [b.launch(gd)], info=b.info(T([m, n], dt), T([n, k], dt))),
+                               N(op, [b.launch(gw)], info=b.info(T([k, m], dt), T([m, n], dt)))])
+
+
+def ln_backward(b, mb, key, dims):
+    g1 = b.kern("ln_bwd", "ln", mem_ns(b.dev, prod(dims) * 6), layer=True)
+    g2 = b.kern("ln_bwd_gb", "reduce", mem_ns(b.dev, prod(dims) * 4), layer=True)
+    grad_fn(b, mb, key, "NativeLayerNormBackward0",
+            [N("aten::native_layer_norm_backward", [b.launch(g1), b.launch(g2)])])
+
+
+def attention_backward(b, mb, li):
+    sc = b.sc
+    s, bs, nh = sc.seq_len, sc.micro_batch_size, sc.heads // sc.tp
+    hd = sc.hidden // sc.heads
+    flops = 4 * bs * nh * s * s * hd // 2
+    if b.modern:
+        io = bs * nh * s * hd * 2
+        g1 = b.kern("flash_bwd_dot", "elementwise", mem_ns(b.dev, io * 3), layer=True)
+        g2 = b.kern("flash_bwd", "flash", gemm_ns(b.dev, 2.5 * flops, ATTN_EFF), layer=True)
+        g3 = b.kern("flash_bwd_cvt", "elementwise", mem_ns(b.dev, io * 3), layer=True)
+        grad_fn(b, mb, (li, "attn"), "ScaledDotProductFlashAttentionBackward0", [
+            N("aten::_scaled_dot_product_flash_attention_backward", [
+                N("aten::_flash_attention_backward",
+                  [b.launch(g1), b.launch(g2), b.launch(g3)])])])
+        return
+    mm_backward(b, mb, (li, "av"), bs * nh * s, s, hd, "BmmBackward0", ("bmm", "bmm"))
+    g = b.kern("softmax_bwd", "softmax", mem_ns(b.dev, bs * nh * s * s * 6), layer=True)
+    grad_fn(b, mb, (li, "softmax"), "SoftmaxBackward0",
+            [N("aten::_softmax_backward_data", [b.launch(g)])])
+    mm_backward(b, mb, (li, "qk"), bs * nh * s, hd, s, "BaddbmmBackward0", ("bmm", "bmm"))
+
+
+def backward_layer(b, mb, li):
+    sc = b.sc
+    s, bs, h, tp = sc.seq_len, sc.micro_batch_size, sc.hidden, sc.tp
+    m, x = s * bs, [s, bs, h]
+    mm_backward(b, mb, (li, "fc2"), m, 4 * h // tp, h)
+    g = b.kern("gelu_bwd", "elementwise", mem_ns(b.dev, m * 4 * h // tp * 6), layer=True)
+    grad_fn(b, mb, (li, "gelu"), "GeluBackward0", [N("aten::gelu_backward", [b.launch(g)])])
+    mm_backward(b, mb, (li, "fc1"), m, h, 4 * h // tp)
+    b.tp_allreduce(BWD, m * h)
+    ln_backward(b, mb, (li, "ln2"), x)
+    mm_backward(b, mb, (li, "proj"), m, h // tp, h)
+    attention_backward(b, mb, li)
+    mm_backward(b, mb, (li, "qkv"), m, h, 3 * h // tp)
+    b.tp_allreduce(BWD, m * h)
+    ln_backward(b, mb, (li, "ln1"), x)
+
+
+def backward(b, mb, grad_sync):
+    """One microbatch backward; with grad_sync the DP buckets go out as layers finish."""
+    sc = b.sc
+    s, bs, h, tp, v = sc.seq_len, sc.micro_batch_size, sc.hidden, sc.tp, sc.vocab
+    first, last = b.stage == 0, b.stage == sc.pp - 1
+    if last:
+        g = b.kern("logsoftmax_bwd", "softmax", mem_ns(b.dev, s * bs * v // tp * 12))
+        grad_fn(b, mb, "loss", "LogSoftmaxBackward0",
+                [N("aten::_log_softmax_backward_data", [b.launch(g)])])
+        mm_backward(b, mb, "lm_head", s * bs, h, v // tp)
+        if grad_sync:  # buckets follow the backward: the LM head's grads are ready first
+            b.dp_bucket(v * h // tp)
+        ln_backward(b, mb, "final_ln", [s, bs, h])
+    for li in reversed(layer_ids(b)):
+        backward_layer(b, mb, li)
+        if grad_sync:
+            b.dp_bucket(12 * h * h // tp)
+    if first:
+        g = b.kern("embed_bwd", "elementwise", mem_ns(b.dev, s * bs * h * 6))
+        grad_fn(b, mb, "embed", "EmbeddingBackward0", [N("aten::embedding_backward", [
+            N("aten::embedding_dense_backward", [b.launch(g)])])])
+        if grad_sync:
+            b.dp_bucket(v * h // tp)
+
+
+# --- optimizer ----------------------------------------------------------------------------------
+
+def optimizer(b):
+    """Grad-norm CUDA graph (modern) and the fused Adam step."""
+    params = rank_params(b)
+    if b.sc.dp_mode == "zero1":
+        params = -(-params // b.sc.dp)
+    if b.modern:
+        gid = 1
+        gs = (b.kern("l2norm", "reduce", mem_ns(b.dev, params * 4), graph=(gid, (gid << 32) + 1)),
+              b.kern("l2norm_cleanup", "reduce", 3000, graph=(gid, (gid << 32) + 2)),
+              b.kern("scale", "elementwise", mem_ns(b.dev, params * 8),
+                     graph=(gid, (gid << 32) + 3)))
+        b.emit(MAIN, [N("## cuda_graph_replay: clip_grad_norm ##", [
+            R("cudaGraphLaunch", 311, gs, dur=b.rnd(20_000, 45_000))], cat="user_annotation")])
+    opt = b.begin("Optimizer.step#FusedAdam.step")
+    chunks = max(2, b.topo.stage_layers(b.stage))
+    key = "adam" if b.modern else "adam_2022"
+    launches = [b.launch(b.kern(key, "optimizer", mem_ns(b.dev, params * 30 // chunks)))
+                for _ in range(chunks)]
+    if b.modern:
+        p = L([params])
+        b.emit(MAIN, [N("aten::_fused_adamw_", launches,
+                        info=b.info(p, p, p, p, p, L([]), S(0.0001), S(0.9), S(0.999), S(0.1),
+                                    S(1e-08), S("False"), S("False")))])
+    else:
+        b.emit(MAIN, launches)
+    b.end(opt)
