@@ -45,8 +45,11 @@ def ranks_str(ranks) -> str:
 class RankEvents:
     """All events of one rank. `clock` maps true ns to written epoch ns (clock.HostClock)."""
 
-    def __init__(self, sc, topo, prog, clock):
+    def __init__(self, sc, topo, prog, clock, id_bases=None):
         self.sc, self.prog, self.clock = sc, prog, clock
+        # First External id, correlation id, fwdbwd flow id and Ev Idx (large.py fixes widths).
+        self.id_bases = id_bases or (1, (1_000 if sc.fmt == "modern" else 1_000_000)
+                                     + prog.rank * 7, 1, 0)
         self.modern = sc.fmt == "modern"
         self.rank = prog.rank
         self.device = topo.local_rank(prog.rank)
@@ -85,28 +88,29 @@ class RankEvents:
     # --- ids ----------------------------------------------------------------------------------
 
     def _assign_ids(self) -> None:
-        ext, corr = 0, (1_000 if self.modern else 1_000_000) + self.rank * 7
+        ext, corr, flow, _ = self.id_bases
         self.flow_of_seq = {}
         for op in self.prog.ops:
             for c in op.cpu:
-                ext += 1
                 c.ext = ext
+                ext += 1
                 if self.modern and c.info and c.info.get("flow_end") and c.info.get("seq"):
-                    self.flow_of_seq[c.info["seq"]] = len(self.flow_of_seq) + 1
+                    self.flow_of_seq[c.info["seq"]] = flow
+                    flow += 1
             for rt in op.rts:
-                corr += 1
                 rt.corr = corr
+                corr += 1
 
     # --- events -------------------------------------------------------------------------------
 
     def events(self) -> list[dict]:
         self._assign_ids()
         out: list[dict] = []
-        ev_idx = 0
+        ev_idx = self.id_bases[3]
         for thread in (MAIN, BWD):
             tid = self.tids[thread]
-            if self.modern:
-                ev_idx = 0  # modern `Ev Idx` counts per thread; 2022's index is per file
+            if self.modern:  # modern `Ev Idx` counts per thread; 2022's index is per file
+                ev_idx = self.id_bases[3]
             for op in self.prog.ops:
                 if op.thread != thread:
                     continue

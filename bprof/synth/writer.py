@@ -41,7 +41,7 @@ def open_output(path: Path, use_gzip: bool, level: int = 1):
 
 def write_trace(f, header: dict, chunks: Iterable, footer: dict, pretty: bool = False) -> None:
     """Write `{header..., "traceEvents": [...], footer...}`; chunks are lists of event dicts
-    (or pre-serialised bytes of comma-joined events)."""
+    or bytes-like objects holding comma-joined serialised events."""
     opt = orjson.OPT_INDENT_2 if pretty else 0
     f.write(b"{\n")
     for k, v in header.items():
@@ -49,9 +49,11 @@ def write_trace(f, header: dict, chunks: Iterable, footer: dict, pretty: bool = 
     f.write(b'  "traceEvents": [\n')
     first = True
     for chunk in chunks:
-        data = chunk if isinstance(chunk, bytes) else b",\n".join(
-            [orjson.dumps(e, option=opt) for e in chunk])
-        if not data:
+        if isinstance(chunk, list):
+            data = b",\n".join([orjson.dumps(e, option=opt) for e in chunk])
+        else:
+            data = chunk  # any bytes-like object of pre-serialised, comma-joined events
+        if not len(data):
             continue
         if not first:
             f.write(b",\n")
