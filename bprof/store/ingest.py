@@ -133,16 +133,17 @@ def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: d
                     [[str(s.array_path), rank, _base_ns(s.metadata)] for rank, s in batch])
     paths = [str(s.array_path) for _, s in batch]
     try:
-        _run_sql(con, "ingest_stage.sql", None, {"paths": paths})
+        _run_sql(con, "ingest_events.sql", run_id, {"paths": paths})
     except duckdb.Error as exc:
         raise _bad_json(exc, batch) from None
-    _run_sql(con, "ingest_events.sql", run_id)
+    _run_sql(con, "ingest_steps.sql", run_id)
     stats = {row[0]: row[1:] for row in con.execute("""
-        SELECT rank, count(*), min(ts_ns) FILTER (WHERE kind NOT IN ('metadata')),
-               max(ts_ns + dur_ns) FILTER (WHERE kind NOT IN ('metadata')),
+        SELECT rank, count(*), min(ts_ns) FILTER (WHERE kind <> 'metadata'),
+               max(ts_ns + dur_ns) FILTER (WHERE kind <> 'metadata'),
                mode(device) FILTER (WHERE kind = 'kernel'),
                mode(TRY_CAST(pid AS BIGINT)) FILTER (WHERE kind = 'cpu_op')
-        FROM _stage GROUP BY rank""").fetchall()}
+        FROM events WHERE run_id = ? AND rank IN (SELECT rank FROM _batch_files) GROUP BY rank""",
+        [run_id]).fetchall()}
     for rank, split in batch:
         meta = split.metadata
         num_events, first_ts, last_ts, device_index, pid = stats.get(rank, (0, None, None, None, None))
@@ -155,7 +156,7 @@ def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: d
              _base_ns(meta), first_ts, last_ts, num_events,
              _json_or_none(meta.get("distributedInfo")), _json_or_none(meta.get("deviceProperties"))],
         )
-    con.execute("DROP TABLE _stage; DROP TABLE _batch_steps; DROP TABLE _batch_files")
+    con.execute("DROP TABLE _batch_steps; DROP TABLE _batch_files")
 
 
 def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:

@@ -57,62 +57,65 @@ def split_trace(path: Path, array_path: Path) -> SplitTrace:
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror})") from None
     with raw, Path(array_path).open("wb") as out:
-        first = raw.read(CHUNK_BYTES)
-        compressed = first[:2] == _GZIP_MAGIC
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS) if compressed else None
-        chunk = first
-        while chunk:
-            data = _inflate(inflater, chunk, path) if compressed else chunk
+        compressed = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        chunks = _inflated_chunks(raw, path) if compressed else iter(lambda: raw.read(CHUNK_BYTES), b"")
+        for data in chunks:
             total += len(data)
-            if header_meta is None:
-                header += data
-                found = _scan_header(bytes(header), path, final=False)
-                if found is not None:
-                    header_meta, array_offset = found
-                    out.write(memoryview(header)[array_offset:])
-                    header = bytearray()
-                elif len(header) > MAX_HEADER_BYTES:
-                    raise DataError(f"{path}: no traceEvents array in the first {MAX_HEADER_BYTES >> 20} MB")
-            else:
+            if header_meta is not None:
                 out.write(data)
-            chunk = raw.read(CHUNK_BYTES)
-        if compressed:
-            total += _finish_inflate(inflater, out if header_meta is not None else None, header, path)
+                continue
+            header += data
+            found = _scan_header(bytes(header), path, final=False)
+            if found is not None:
+                header_meta, array_offset = found
+                out.write(memoryview(header)[array_offset:])
+                header = bytearray()
+            elif len(header) > MAX_HEADER_BYTES:
+                raise DataError(f"{path}: no traceEvents array in the first {MAX_HEADER_BYTES >> 20} MB")
         if header_meta is None:
-            found = _scan_header(bytes(header), path, final=True)
-            header_meta, array_offset = found
+            header_meta, array_offset = _scan_header(bytes(header), path, final=True)
             out.write(memoryview(header)[array_offset:])
-    array_size = total - array_offset
-    end, tail_meta = _find_array_end(Path(array_path), array_size, path, array_offset)
+    end, tail_meta = _find_array_end(Path(array_path), total - array_offset, path, array_offset)
     with Path(array_path).open("r+b") as out:
         out.truncate(end + 1)
     if _array_is_empty(Path(array_path)):
         raise DataError(f"{path}: the trace has no events (traceEvents is empty)")
-    metadata = {**header_meta, **tail_meta}
-    return SplitTrace(path, Path(array_path), array_offset, end + 1, total, compressed, metadata)
+    return SplitTrace(path, Path(array_path), array_offset, end + 1, total, compressed,
+                      {**header_meta, **tail_meta})
 
 
-def _inflate(inflater, chunk: bytes, path: Path) -> bytes:
+def _inflated_chunks(raw, path: Path):
+    """Yield the decompressed bytes of a gzip file (every member) in pieces of at most CHUNK_BYTES."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    pending = b""
+    started = False  # bytes of the current member fed to the inflater
     try:
-        return inflater.decompress(chunk)
-    except zlib.error as exc:
-        raise DataError(f"{path}: corrupt gzip data ({exc})") from None
-
-
-def _finish_inflate(inflater, out, header: bytearray, path: Path) -> int:
-    """Flush the decompressor and check the gzip stream was complete; returns bytes flushed."""
-    try:
+        while True:
+            if not pending:
+                pending = raw.read(1 << 20)
+                if not pending:
+                    break
+            started = True
+            data = inflater.decompress(pending, CHUNK_BYTES)
+            pending = inflater.unconsumed_tail
+            if data:
+                yield data
+            if inflater.eof:  # a multi-member gzip goes on with the next member
+                pending = inflater.unused_data + pending
+                inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                started = False
+                if not pending.strip(b"\0"):
+                    pending = raw.read(1 << 20)
+                    if not pending.strip(b"\0"):
+                        return
         rest = inflater.flush()
     except zlib.error as exc:
         raise DataError(f"{path}: corrupt gzip data ({exc})") from None
-    if not inflater.eof:
-        raise DataError(f"{path}: truncated gzip stream (the file ends before the compressed data does)")
     if rest:
-        if out is not None:
-            out.write(rest)
-        else:
-            header += rest
-    return len(rest)
+        yield rest
+    if started:
+        raise DataError(f"{path}: truncated gzip stream (the file ends before the compressed data does)")
 
 
 def _scan_header(buf: bytes, path: Path, final: bool) -> tuple[dict, int] | None:
