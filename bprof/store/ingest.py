@@ -110,7 +110,8 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
                 batch.append((rank, split))
             _load_batch(con, run_id, batch, hashes)
             for _, split in batch:
-                split.array_path.unlink(missing_ok=True)
+                for part in split.array_paths:
+                    part.unlink(missing_ok=True)
                 result.uncompressed_bytes += split.uncompressed_bytes
             done += len(batch)
             if progress:
@@ -130,8 +131,8 @@ def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: d
     """Scan one batch of events arrays into events/steps and describe its ranks."""
     con.execute("CREATE OR REPLACE TEMP TABLE _batch_files (array_path VARCHAR, rank INTEGER, base_ns BIGINT)")
     con.executemany("INSERT INTO _batch_files VALUES (?, ?, ?)",
-                    [[str(s.array_path), rank, _base_ns(s.metadata)] for rank, s in batch])
-    paths = [str(s.array_path) for _, s in batch]
+                    [[str(p), rank, _base_ns(s.metadata)] for rank, s in batch for p in s.array_paths])
+    paths = [str(p) for _, s in batch for p in s.array_paths]
     try:
         _run_sql(con, "ingest_events.sql", run_id, {"paths": paths})
     except duckdb.Error as exc:
@@ -229,12 +230,12 @@ def _statements(sql: str) -> list[str]:
 def _bad_json(exc: duckdb.Error, batch: list[tuple[int, SplitTrace]]) -> DataError:
     message = str(exc)
     match = _MALFORMED.search(message)
-    by_array = {str(s.array_path): s for _, s in batch}
-    if match and match.group(1) in by_array:
-        split = by_array[match.group(1)]
-        where, reason = _pinpoint(split.array_path)
+    by_part = {str(p): (s, k) for _, s in batch for k, p in enumerate(s.array_paths)}
+    if match and match.group(1) in by_part:
+        split, k = by_part[match.group(1)]
+        where, reason = _pinpoint(split.array_paths[k])
         reason = reason or match.group(3).strip().splitlines()[0].rstrip(". ")
-        return DataError(f"{split.path}: invalid JSON at byte {split.array_offset + where} of the uncompressed trace ({reason})")
+        return DataError(f"{split.path}: invalid JSON at byte {split.part_offsets[k] + where} of the uncompressed trace ({reason})")
     names = ", ".join(str(s.path) for _, s in batch)
     first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
     return DataError(f"{names}: events could not be read ({first})")

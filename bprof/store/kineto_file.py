@@ -1,7 +1,8 @@
 """Split one Kineto trace file into its `traceEvents` array and its other top-level keys.
 
-The array is streamed (gzip or plain) into a work file that DuckDB's JSON reader scans natively;
-the surrounding keys (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`, ...) are
+The array is streamed (gzip or plain) into work files that DuckDB's JSON reader scans natively:
+a large array is cut at event boundaries into several valid arrays, so that DuckDB parses the
+parts of one trace on several threads. The surrounding keys (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`, ...) are
 parsed with the stdlib. Memory stays bounded by the chunk size whatever the trace size.
 
 Format quirk: the metadata keys may come before or after `traceEvents` (modern traces put
@@ -18,7 +19,8 @@ from pathlib import Path
 
 from bprof.errors import DataError
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 4 << 20
+PART_BYTES = 16 << 20
 MAX_HEADER_BYTES = 256 << 20
 TAIL_WINDOWS_BYTES = (1 << 20, 64 << 20)
 
@@ -26,23 +28,27 @@ _GZIP_MAGIC = b"\x1f\x8b"
 # A `]` that may close the traceEvents array: it follows the last event's `}` (or `[` when the
 # array is empty) and is followed by the next top-level key or by the object's closing brace.
 _ARRAY_END_CANDIDATE = re.compile(rb'(?:\}|\[)\s*(\])\s*(?:,\s*"|\}\s*$)')
+# Where one event ends and the next begins: `}` `,` `{` with a line break between them (a JSON
+# string cannot hold a raw newline, so this is outside strings) and the next object opening with
+# an event key. Nested objects in args never start with these keys. Traces without line breaks
+# are simply not cut.
+_EVENT_BOUNDARY = re.compile(rb'(\})[ \t\r]*(?:,[ \t\r]*\n|\n\s*,)\s*(\{)\s*"(?:ph|name|cat)"\s*:')
 
 
 @dataclass(frozen=True)
 class SplitTrace:
-    """One trace file after splitting; `array_path` holds exactly the JSON array of events."""
+    """One trace file after splitting: its events as one or more JSON arrays, and its metadata."""
 
     path: Path
-    array_path: Path
-    array_offset: int  # byte offset of the array's `[` in the uncompressed source
-    array_bytes: int
+    array_paths: tuple[Path, ...]  # each a valid JSON array of events; together, all events in order
+    part_offsets: tuple[int, ...]  # source offset (uncompressed) of byte 0 of each part file
     uncompressed_bytes: int
     compressed: bool
     metadata: dict  # every top-level key except traceEvents
 
 
 def split_trace(path: Path, array_path: Path) -> SplitTrace:
-    """Stream `path` into `array_path` (the events array only) and return the metadata.
+    """Stream `path` into work files named after `array_path` and return the metadata.
 
     Raises DataError naming the file on truncated gzip, invalid JSON around the array, a
     missing traceEvents key or an empty event list.
@@ -50,39 +56,95 @@ def split_trace(path: Path, array_path: Path) -> SplitTrace:
     path = Path(path)
     header = bytearray()
     header_meta: dict | None = None
-    array_offset = -1
     total = 0
+    parts = _Parts(Path(array_path))
     try:
         raw = path.open("rb")
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-    with raw, Path(array_path).open("wb") as out:
+    with raw, parts:
         compressed = raw.read(2) == _GZIP_MAGIC
         raw.seek(0)
         chunks = _inflated_chunks(raw, path) if compressed else iter(lambda: raw.read(CHUNK_BYTES), b"")
         for data in chunks:
             total += len(data)
             if header_meta is not None:
-                out.write(data)
+                parts.write(data)
                 continue
             header += data
             found = _scan_header(bytes(header), path, final=False)
             if found is not None:
                 header_meta, array_offset = found
-                out.write(memoryview(header)[array_offset:])
+                parts.start(array_offset, bytes(header[array_offset:]))
                 header = bytearray()
             elif len(header) > MAX_HEADER_BYTES:
                 raise DataError(f"{path}: no traceEvents array in the first {MAX_HEADER_BYTES >> 20} MB")
         if header_meta is None:
             header_meta, array_offset = _scan_header(bytes(header), path, final=True)
-            out.write(memoryview(header)[array_offset:])
-    end, tail_meta = _find_array_end(Path(array_path), total - array_offset, path, array_offset)
-    with Path(array_path).open("r+b") as out:
+            parts.start(array_offset, bytes(header[array_offset:]))
+    last = parts.paths[-1]
+    end, tail_meta = _find_array_end(last, last.stat().st_size, path, parts.offsets[0])
+    with last.open("r+b") as out:
         out.truncate(end + 1)
-    if _array_is_empty(Path(array_path)):
+    if _array_is_empty(parts.paths[0]):
         raise DataError(f"{path}: the trace has no events (traceEvents is empty)")
-    return SplitTrace(path, Path(array_path), array_offset, end + 1, total, compressed,
+    return SplitTrace(path, tuple(parts.paths), tuple(parts.offsets), total, compressed,
                       {**header_meta, **tail_meta})
+
+
+class _Parts:
+    """Writes the events array into part files of about PART_BYTES, cut at event boundaries."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.paths: list[Path] = []
+        self.offsets: list[int] = []
+        self._out = None
+        self._written = 0
+        self._source_pos = 0  # source offset of the next byte given to write()
+
+    def start(self, source_offset: int, data: bytes) -> None:
+        self._open(source_offset)
+        self._source_pos = source_offset
+        self.write(data)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        at = 0  # bytes of data already written
+        while True:
+            cut = None
+            if self._written + len(data) - at > PART_BYTES:
+                cut = _EVENT_BOUNDARY.search(data, at + max(0, PART_BYTES - self._written))
+            if cut is None:
+                self._out.write(view[at:])
+                self._written += len(data) - at
+                break
+            self._out.write(view[at:cut.end(1)])
+            self._out.write(b"]")
+            self._out.close()
+            # the new part is `[` + the source from the next event's `{`: byte b <-> offset + b
+            self._open(self._source_pos + cut.start(2) - 1, head=b"[")
+            at = cut.start(2)
+        self._source_pos += len(data)
+
+    def _open(self, source_offset: int, head: bytes = b"") -> None:
+        path = self.base if not self.paths else self.base.with_name(f"{self.base.stem}.part{len(self.paths)}{self.base.suffix}")
+        self.paths.append(path)
+        self.offsets.append(source_offset)
+        self._out = path.open("wb")
+        self._out.write(head)
+        self._written = len(head)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._out is not None:
+            self._out.close()
+        elif not self.paths:
+            self.base.touch()  # nothing was written: an empty work file keeps the caller simple
+            self.paths.append(self.base)
+            self.offsets.append(0)
 
 
 def _inflated_chunks(raw, path: Path):

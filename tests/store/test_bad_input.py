@@ -115,3 +115,19 @@ def test_empty_file(store, tmp_path, good_run):
     with pytest.raises(DataError, match=r"rank1\.json: the file is empty"):
         ingest_paths(store, [d])
     assert snapshot(store) == good_run
+
+
+def test_invalid_json_in_a_later_part_names_the_source_byte(store, tmp_path, good_run, monkeypatch):
+    """A large trace is cut into several arrays; the byte reported is still the source's."""
+    from bprof.store import kineto_file
+
+    monkeypatch.setattr(kineto_file, "PART_BYTES", 1500)
+    d = run_dir(tmp_path)
+    text = json.dumps(modern_trace(1, steps=tuple(range(2, 40))), indent=1)
+    where = text.rindex('"name": "aten::mm"')
+    broken = text[:where] + '"name": aten::mm' + text[where + len('"name": "aten::mm"'):]
+    (d / "rank1.json").write_text(broken)
+    bad_byte = where + len('"name": ')
+    with pytest.raises(DataError, match=rf"rank1\.json: invalid JSON at byte {bad_byte} "):
+        ingest_paths(store, [d])
+    assert snapshot(store) == good_run

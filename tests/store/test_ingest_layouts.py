@@ -84,3 +84,18 @@ def test_run_names_are_unique(store, tmp_path):
     [a] = ingest_paths(store, [tmp_path / "a" / "run"])
     [b] = ingest_paths(store, [tmp_path / "b" / "run"])
     assert (a.name, b.name) == ("run", "run-2")
+
+
+def test_a_trace_cut_into_parts_loses_and_reorders_nothing(store, tmp_path, monkeypatch):
+    from bprof.store import kineto_file
+
+    trace = modern_trace(0, world_size=1, steps=tuple(range(2, 60)))
+    write(tmp_path / "whole" / "rank0.json", trace, pretty=True)
+    write(tmp_path / "cut" / "rank0.json", trace, pretty=True)
+    [whole] = ingest_paths(store, [tmp_path / "whole"])
+    monkeypatch.setattr(kineto_file, "PART_BYTES", 2000)
+    split = kineto_file.split_trace(tmp_path / "cut" / "rank0.json", tmp_path / "probe.json")
+    assert len(split.array_paths) > 10
+    [cut] = ingest_paths(store, [tmp_path / "cut"])
+    query = "SELECT count(*), sum(ts_ns), sum(dur_ns), count(DISTINCT step), string_agg(name, ',' ORDER BY ts_ns, name) FROM events WHERE run_id = ?"
+    assert store.execute(query, [cut.run_id]).fetchone() == store.execute(query, [whole.run_id]).fetchone()
