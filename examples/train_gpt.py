@@ -497,7 +497,7 @@ NOISE = 0.1
 class SyntheticData:
     def __init__(self, args: argparse.Namespace, dp_rank: int, device: torch.device):
         self.args, self.dp_rank, self.device = args, dp_rank, device
-        self.perm = torch.randperm(args.vocab, generator=torch.Generator().manual_seed(args.seed))
+        self.perm = torch.randperm(args.vocab, generator=torch.Generator().manual_seed(args.seed)).tolist()
 
     def fetch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         a = self.args
@@ -505,13 +505,16 @@ class SyntheticData:
             time.sleep(a.dataloader_stall_ms / 1e3)
         index = (step * a.microbatches + micro) * a.dp + self.dp_rank
         gen = torch.Generator().manual_seed(a.seed * 7_919 + 1 + index)
-        tokens = torch.empty(a.batch, a.seq + 1, dtype=torch.long)
-        tokens[:, 0] = torch.randint(a.vocab, (a.batch,), generator=gen)
-        noise = torch.rand(a.batch, a.seq, generator=gen) < NOISE
-        random_tokens = torch.randint(a.vocab, (a.batch, a.seq), generator=gen)
-        for i in range(a.seq):
-            tokens[:, i + 1] = torch.where(noise[:, i], random_tokens[:, i], self.perm[tokens[:, i]])
-        tokens = tokens.to(self.device)
+        first = torch.randint(a.vocab, (a.batch,), generator=gen).tolist()
+        noise = (torch.rand(a.batch, a.seq, generator=gen) < NOISE).tolist()
+        random_tokens = torch.randint(a.vocab, (a.batch, a.seq), generator=gen).tolist()
+        rows = []
+        for b in range(a.batch):  # plain Python: a chain of tiny torch ops would cost milliseconds
+            row = [first[b]]
+            for i in range(a.seq):
+                row.append(random_tokens[b][i] if noise[b][i] else self.perm[row[-1]])
+            rows.append(row)
+        tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
         return tokens[:, :-1], tokens[:, 1:]
 
 
