@@ -58,7 +58,7 @@ def collectives(insts) -> list[dict]:
         c = inst.comm
         p2p = c.peer is not None
         members = sorted(inst.arrivals)
-        d = {"op": c.op, "pg_name": c.group.name, "pg_desc": c.group.desc,
+        d = {"op": "p2p" if p2p else c.op, "pg_name": c.group.name, "pg_desc": c.group.desc,
              "seq": None if p2p else c.seq, "step": c.step, "dtype": c.dtype,
              "in_nelems": c.in_nelems, "out_nelems": c.out_nelems,
              "bytes": c.in_nelems * ELEM_BYTES[c.dtype], "ranks": list(c.members),
