@@ -659,7 +659,7 @@ class Trainer:
         self.args, self.par, self.shape = args, par, shape
         self.stats = StepStats(par.device)
         self.model = Stage(shape, par, args).to(par.device)
-        self.params = [p for p in self.model.parameters()]
+        self.params = list(self.model.parameters())
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, betas=(0.9, 0.95),
                                            weight_decay=0.01)
         self.data = SyntheticData(args, par.dp_rank, par.device)
@@ -667,6 +667,7 @@ class Trainer:
         self.slow = SlowRank(args.slow_ms, par.device) if args.slow_rank == par.rank else None
         self.autocast = (torch.autocast(par.device.type, dtype=torch.bfloat16)
                          if args.dtype == "bf16" else contextlib.nullcontext())
+        self.losses: list[torch.Tensor] = []  # this step's micro-batch losses (last stage)
 
     def forward_step(self, step: int, micro: int, input_tensor):
         """One micro-batch through this stage; returns the output (or the scaled loss on the last)."""
@@ -764,7 +765,7 @@ class Trainer:
 
     def train_step(self, step: int) -> tuple[float | None, dict]:
         self.stats.reset()
-        self.losses: list[torch.Tensor] = []
+        self.losses = []
         t0 = time.perf_counter()
         if self.args.schedule == "gpipe":
             self.schedule_gpipe(step)
@@ -788,7 +789,7 @@ class JsonLog:
     def __init__(self, path: str | None, rank: int):
         self.file = None
         if path:
-            self.file = open(path.replace("{rank}", str(rank)), "a", buffering=1)  # noqa: SIM115
+            self.file = open(path.replace("{rank}", str(rank)), "a", buffering=1)
         self.rank = rank
 
     def write(self, kind: str, **fields):
