@@ -42,13 +42,14 @@ class HostClock:
         # Slope of the wander is 2*pi*J/P <= 0.25 < 1, so t + wander(t) never goes backwards.
         self.period_ns = max(40_000_000 + 7_000_000 * host, 26 * jitter_ns)
         self.phase = 2 * math.pi * (mix(seed, host, 0xC10C) % 10_000) / 10_000
+        self._scale = 2 * math.pi / self.period_ns
 
     def wander(self, true_ns: int) -> int:
-        if not self.jitter_ns:
-            return 0
-        x = 2 * math.pi * (true_ns - self.ref_ns) / self.period_ns + self.phase
-        return round(self.jitter_ns * math.sin(x))
+        return self.written(true_ns) - true_ns - self.offset_ns
 
     def written(self, true_ns: int) -> int:
         """Absolute epoch ns this host's clock reads at true time `true_ns`."""
-        return true_ns + self.offset_ns + self.wander(true_ns)
+        if not self.jitter_ns:
+            return true_ns + self.offset_ns
+        x = self._scale * (true_ns - self.ref_ns) + self.phase
+        return true_ns + self.offset_ns + round(self.jitter_ns * math.sin(x))

@@ -15,6 +15,7 @@ per stream, metadata rows, then the profiler span and instant markers.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
 
 import orjson
@@ -38,7 +39,9 @@ def base_time_ns(written_start_ns: int) -> int:
     return written_start_ns // 1_000_000_000 // TRIMONTH_S * TRIMONTH_S * 1_000_000_000
 
 
-def ranks_str(ranks) -> str:
+@lru_cache(maxsize=None)
+def ranks_str(ranks: tuple) -> str:
+    """`Process Group Ranks` as torch writes it: "[0, 1]"."""
     return "[" + ", ".join(str(r) for r in ranks) + "]"
 
 
@@ -189,7 +192,7 @@ class RankEvents:
             sh = self._c10d_shapes(info["comm"])
         elif kind == "annot" and not self.modern:
             cm = info["comm"]
-            sh = ([[cm.in_nelems]], [_input_type(cm.dtype)], None, None)
+            sh = ([[cm.in_nelems]], [INPUT_TYPE[cm.dtype]], None, None)
         if self.modern:
             if "seq" in info:
                 a["Sequence number"] = info["seq"]
@@ -213,20 +216,7 @@ class RankEvents:
         return a
 
     def _c10d_shapes(self, cm):
-        t = _input_type(cm.dtype)
-        if cm.op in ("allgather", "reduce_scatter"):
-            dims = [[cm.out_nelems], [cm.in_nelems], [], [], []]
-            types = [t, t, "", "Scalar", "Scalar"]
-            if not self.modern:
-                return dims, types, None, None
-            return dims, types, [[1], [1], [], [], []], ["", "", "", "False", "-1"]
-        if not self.modern:  # 2022 records TensorList dims as []
-            return [[], [], [], []], ["TensorList", "", "Scalar", "Scalar"], None, None
-        rest = C10D_SHAPES[cm.op]
-        dims = [[[cm.in_nelems]]] + [[] for _ in rest]
-        strides = [[[1]]] + [[] for _ in rest]
-        concrete = [""] + ["" if r != "Scalar" else "-1" for r in rest]
-        return dims, ["TensorList"] + rest, strides, concrete
+        return _c10d_shapes(self.modern, cm.op, cm.in_nelems, cm.out_nelems, cm.dtype)
 
     def _rpc_args(self, a, cm, ev_idx) -> dict:
         g = cm.group
@@ -328,9 +318,25 @@ class RankEvents:
                 "baseTimeNanoseconds": self.base_ns}
 
 
+@lru_cache(maxsize=1024)
+def _c10d_shapes(modern, op, in_nelems, out_nelems, dtype):
+    """record_shapes args of a c10d op (the tensor list, then group/op/flags/timeout)."""
+    t = INPUT_TYPE[dtype]
+    if op in ("allgather", "reduce_scatter"):
+        dims = [[out_nelems], [in_nelems], [], [], []]
+        types = [t, t, "", "Scalar", "Scalar"]
+        if not modern:
+            return dims, types, None, None
+        return dims, types, [[1], [1], [], [], []], ["", "", "", "False", "-1"]
+    if not modern:  # 2022 records TensorList dims as []
+        return [[], [], [], []], ["TensorList", "", "Scalar", "Scalar"], None, None
+    rest = C10D_SHAPES[op]
+    dims = [[[in_nelems]]] + [[] for _ in rest]
+    strides = [[[1]]] + [[] for _ in rest]
+    concrete = [""] + ["" if r != "Scalar" else "-1" for r in rest]
+    return dims, ["TensorList"] + rest, strides, concrete
+
+
 def _m(name, ts, pid, tid, key, value) -> dict:
     return {"name": name, "ph": "M", "ts": ts, "pid": pid, "tid": tid, "args": {key: value}}
 
-
-def _input_type(dtype: str) -> str:
-    return INPUT_TYPE[dtype]

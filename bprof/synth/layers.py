@@ -9,6 +9,7 @@ The 2022 format uses the pre-SDPA attention (baddbmm, softmax, bmm).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from math import prod
 
 from .catalog import ATTN_EFF, INPUT_TYPE, gemm_ns, mem_ns
@@ -16,22 +17,24 @@ from .ops import BWD, MAIN, TP_STREAM, N, R
 
 
 def T(dims, dtype):
-    return ("T", list(dims), dtype)
+    return ("T", tuple(dims), dtype)
 
 
 def S(value):
-    return ("S", value)
+    return ("S", str(value))
 
 
 def L(dims):
-    return ("L", list(dims))
+    return ("L", tuple(dims))
 
 
 NONE = ("N",)
 
 
+@lru_cache(maxsize=4096)
 def shapes(*inputs):
-    """record_shapes args (Input Dims, Input type, Input Strides, Concrete Inputs) of inputs."""
+    """record_shapes args (Input Dims, Input type, Input Strides, Concrete Inputs) of inputs.
+    Cached: the same shapes recur every layer, and the lists are only ever serialised."""
     dims, types, strides, concrete = [], [], [], []
     for x in inputs:
         if x[0] == "T":
@@ -39,12 +42,12 @@ def shapes(*inputs):
             for n in reversed(x[1]):
                 st.append(acc)
                 acc *= n
-            dims.append(x[1])
+            dims.append(list(x[1]))
             types.append(INPUT_TYPE.get(x[2], x[2]))
             strides.append(st[::-1])
             concrete.append("")
         elif x[0] == "L":  # TensorList of one tensor
-            dims.append([x[1]])
+            dims.append([list(x[1])])
             types.append("TensorList")
             strides.append([[1]])
             concrete.append("")
@@ -52,7 +55,7 @@ def shapes(*inputs):
             dims.append([])
             types.append("Scalar")
             strides.append([])
-            concrete.append(str(x[1]))
+            concrete.append(x[1])
         else:
             dims.append([])
             types.append("")
