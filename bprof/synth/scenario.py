@@ -104,6 +104,8 @@ class Scenario:
             raise ValueError(f"dp_mode must be one of {DP_MODES}")
         if self.dtype not in (None, "bf16", "fp16"):
             raise ValueError("dtype must be None, 'bf16' or 'fp16'")
+        if self.hidden % self.heads or self.heads % self.tp or self.vocab % self.tp:
+            raise ValueError("heads must divide hidden, and tp must divide heads and vocab")
         if self.world_size % self.hosts:
             raise ValueError(f"world size {self.world_size} is not divisible by hosts={self.hosts}")
         if self.events_scale <= 0:

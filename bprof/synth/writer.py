@@ -7,6 +7,7 @@ gzip output uses mtime=0 and no file name so the same seed gives byte-identical 
 from __future__ import annotations
 
 import gzip as gzip_mod
+import re
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,7 @@ from .timeline import simulate
 from .truth import build_truth
 
 CHUNK_EVENTS = 4096
+_RANK_FILE = re.compile(r"rank\d+\.json(\.gz)?")
 C10D_OP = {"c10d::allreduce_": "allreduce", "c10d::_allgather_base_": "allgather",
            "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::broadcast_": "broadcast",
            "c10d::send": "send", "c10d::recv_": "recv"}
@@ -113,9 +115,16 @@ def host_clocks(sc: Scenario, topo: Topology) -> list[HostClock]:
 
 
 def write_run(sc: Scenario, out_dir, *, gzip: bool = True, pretty: bool = False) -> dict:
-    """Write rank{R}.json[.gz] for every rank and truth.json into out_dir; return the truth."""
+    """Write rank{R}.json[.gz] for every rank and truth.json into out_dir; return the truth.
+
+    Existing rank{N}.json[.gz] files in out_dir are removed first, so the directory holds
+    exactly this run.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():  # a rank file left from an earlier, larger run would be ingested
+        if _RANK_FILE.fullmatch(old.name):
+            old.unlink()
     topo, progs, insts = simulate_run(sc)
     clocks = host_clocks(sc, topo)
     files = []

@@ -125,3 +125,11 @@ def test_same_seed_gives_identical_bytes_and_another_seed_differs(tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert raw(tmp_path / "a" / "rank0.json.gz") != raw(tmp_path / "c" / "rank0.json.gz")
     assert load(tmp_path / "a" / "truth.json") != load(tmp_path / "c" / "truth.json")
+
+
+def test_rewriting_a_directory_leaves_only_the_new_run(tmp_path):
+    write_run(Scenario(tp=1, pp=1, dp=4, steps=1, layers=1, microbatches=1), tmp_path)
+    (tmp_path / "notes.txt").write_text("kept")
+    write_run(Scenario(tp=1, pp=1, dp=2, steps=1, layers=1, microbatches=1), tmp_path, gzip=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "rank0.json", "rank1.json",
+                                                         "truth.json"]
