@@ -194,7 +194,7 @@ class RankEvents:
             cm = info["comm"]
             sh = ([[cm.in_nelems]], [INPUT_TYPE[cm.dtype]], None, None)
         if self.modern:
-            if "seq" in info:
+            if info.get("seq") is not None:
                 a["Sequence number"] = info["seq"]
                 a["Fwd thread id"] = 1 if info.get("bwd") else 0
             if sh:
@@ -204,7 +204,7 @@ class RankEvents:
             return a
         if sh:
             a["Input Dims"], a["Input type"] = sh[0], sh[1]
-        if "seq" in info:
+        if info.get("seq") is not None:
             a["Fwd thread id"] = 1 if info.get("bwd") else 0
             a["Sequence number"] = info["seq"]
         return self._tail_2022(a)
