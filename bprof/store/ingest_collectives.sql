@@ -63,48 +63,50 @@ WITH ev AS (
     SELECT * FROM events WHERE run_id = $run_id
 ), candidates AS (
     SELECT row_number() OVER (ORDER BY rank, ts_ns, name) AS cid, rank, tid, name, ts_ns, dur_ns,
-           external_id, step, args,
+           ts_ns + dur_ns AS end_ns, external_id, step, args,
            CASE WHEN name = 'record_param_comms' THEN args ->> '$."Collective name"' END AS coll_name
     FROM ev
     WHERE kind = 'cpu_op'
       AND ((name LIKE 'c10d::%' OR name LIKE '\_c10d\_functional::%' ESCAPE '\')
            AND name NOT LIKE '%wait%'
            OR name = 'record_param_comms' AND coalesce(args ->> '$."Collective name"', '') <> 'wait')
+), nesting AS (
+    -- a candidate is nested when an earlier-starting one on its thread ends at or after its end
+    SELECT *, max(end_ns) OVER (PARTITION BY rank, tid ORDER BY ts_ns, dur_ns DESC, cid
+                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS outer_end_ns
+    FROM candidates
 ), calls AS (
-    SELECT c.* FROM candidates c
-    WHERE NOT EXISTS (
-        SELECT 1 FROM candidates p
-        WHERE p.rank = c.rank AND p.tid = c.tid AND p.cid <> c.cid
-          AND p.ts_ns <= c.ts_ns AND p.ts_ns + p.dur_ns >= c.ts_ns + c.dur_ns
-          AND (p.ts_ns < c.ts_ns OR p.ts_ns + p.dur_ns > c.ts_ns + c.dur_ns OR p.cid < c.cid))
+    SELECT * EXCLUDE (outer_end_ns) FROM nesting WHERE outer_end_ns IS NULL OR outer_end_ns < end_ns
+), inner_rpc AS (
+    -- outermost calls never overlap on one thread: the last call starting before an event is
+    -- the only one that can contain it
+    SELECT c.cid, r.args, r.ts_ns
+    FROM candidates r ASOF JOIN calls c ON r.rank = c.rank AND r.tid = c.tid AND r.ts_ns >= c.ts_ns
+    WHERE r.name = 'record_param_comms' AND r.end_ns <= c.end_ns
 ), parts AS (
-    SELECT c.cid,
-           count(*) AS num_parts,
-           arg_min(r.args, r.ts_ns) AS rpc_args
-    FROM calls c
-    JOIN candidates r ON r.name = 'record_param_comms' AND r.rank = c.rank AND r.tid = c.tid
-     AND r.ts_ns >= c.ts_ns AND r.ts_ns + r.dur_ns <= c.ts_ns + c.dur_ns
-    GROUP BY c.cid
+    SELECT cid, count(*) AS num_parts, arg_min(args, ts_ns) AS rpc_args FROM inner_rpc GROUP BY cid
 ), comm_kernels AS (
     SELECT row_number() OVER (ORDER BY rank, ts_ns) AS kid, rank, name, ts_ns, dur_ns, correlation,
            step, args
     FROM ev
     WHERE kind = 'kernel' AND (lower(name) LIKE 'nccl%' OR lower(name) LIKE 'rccl%')
+), launches AS (
+    SELECT rank, tid, ts_ns, correlation FROM ev
+    WHERE kind = 'cuda_runtime' AND correlation IN (SELECT correlation FROM comm_kernels)
 ), call_kernels AS (
     SELECT c.cid, k.kid, k.ts_ns, k.dur_ns
-    FROM calls c
-    JOIN ev l ON l.kind = 'cuda_runtime' AND l.rank = c.rank AND l.tid = c.tid
-     AND l.ts_ns >= c.ts_ns AND l.ts_ns <= c.ts_ns + c.dur_ns
+    FROM launches l
+    ASOF JOIN calls c ON l.rank = c.rank AND l.tid = c.tid AND l.ts_ns >= c.ts_ns
     JOIN comm_kernels k ON k.rank = l.rank AND k.correlation = l.correlation
+    WHERE l.ts_ns <= c.end_ns
 ), gloo AS (
     SELECT row_number() OVER (ORDER BY rank, ts_ns) AS gid, rank, tid, name, ts_ns, dur_ns, step, args,
            bprof_canon_op(name) AS op
     FROM ev WHERE kind = 'user_annotation' AND name LIKE 'gloo:%'
 ), call_gloo_nested AS (
     SELECT c.cid, g.gid, g.ts_ns, g.dur_ns
-    FROM calls c
-    JOIN gloo g ON g.rank = c.rank AND g.tid = c.tid
-     AND g.ts_ns >= c.ts_ns AND g.ts_ns + g.dur_ns <= c.ts_ns + c.dur_ns
+    FROM gloo g ASOF JOIN calls c ON g.rank = c.rank AND g.tid = c.tid AND g.ts_ns >= c.ts_ns
+    WHERE g.ts_ns + g.dur_ns <= c.end_ns
 ), calls_typed AS (
     SELECT c.*, p.num_parts, p.rpc_args,
            CASE WHEN c.name = 'record_param_comms' OR bprof_canon_op(c.name) = 'unknown'
@@ -112,17 +114,23 @@ WITH ev AS (
                 ELSE bprof_canon_op(c.name) END AS op
     FROM calls c LEFT JOIN parts p USING (cid)
 ), unlinked_calls AS (
-    SELECT cid, rank, op, row_number() OVER (PARTITION BY rank, op ORDER BY ts_ns, cid) AS k
+    SELECT cid, rank, op,
+           row_number() OVER (PARTITION BY rank, op ORDER BY ts_ns, cid) AS k,
+           count(*) OVER (PARTITION BY rank, op) AS n
     FROM calls_typed
     WHERE cid NOT IN (SELECT cid FROM call_kernels) AND cid NOT IN (SELECT cid FROM call_gloo_nested)
 ), unlinked_gloo AS (
-    SELECT gid, rank, op, ts_ns, dur_ns, row_number() OVER (PARTITION BY rank, op ORDER BY ts_ns, gid) AS k
+    SELECT gid, rank, op, ts_ns, dur_ns,
+           row_number() OVER (PARTITION BY rank, op ORDER BY ts_ns, gid) AS k,
+           count(*) OVER (PARTITION BY rank, op) AS n
     FROM gloo WHERE gid NOT IN (SELECT gid FROM call_gloo_nested)
 ), ordered_match AS (
     SELECT c.cid, g.gid, g.ts_ns, g.dur_ns
-    FROM unlinked_calls c JOIN unlinked_gloo g USING (rank, op, k)
-    WHERE (SELECT count(*) FROM unlinked_calls x WHERE x.rank = c.rank AND x.op = c.op)
-        = (SELECT count(*) FROM unlinked_gloo y WHERE y.rank = c.rank AND y.op = c.op)
+    FROM unlinked_calls c JOIN unlinked_gloo g USING (rank, op, k, n)
+), call_gloo AS (
+    SELECT cid, gid FROM call_gloo_nested UNION ALL SELECT cid, gid FROM ordered_match
+), call_gloo_args AS (
+    SELECT n.cid, arg_min(g.args, g.ts_ns) AS gloo_args FROM call_gloo n JOIN gloo g USING (gid) GROUP BY n.cid
 ), work AS (
     SELECT cid, min(ts_ns) AS ts_ns, max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns, count(*) AS n
     FROM (SELECT cid, ts_ns, dur_ns FROM call_kernels
@@ -133,14 +141,11 @@ WITH ev AS (
     SELECT c.rank, c.op,
            CASE WHEN c.name = 'record_param_comms' THEN coalesce(c.coll_name, c.name) ELSE c.name END AS raw_name,
            CASE WHEN c.name = 'record_param_comms' THEN 'record_param_comms' ELSE 'c10d' END AS source,
-           c.rpc_args AS info, c.args AS call_args,
-           (SELECT arg_min(g.args, g.ts_ns)
-            FROM (SELECT cid, gid FROM call_gloo_nested UNION ALL SELECT cid, gid FROM ordered_match) n
-            JOIN gloo g USING (gid) WHERE n.cid = c.cid) AS gloo_args,
+           c.rpc_args AS info, c.args AS call_args, a.gloo_args,
            coalesce(c.num_parts, 1) AS num_parts, c.tid, c.ts_ns AS cpu_ts_ns, c.dur_ns AS cpu_dur_ns,
            w.ts_ns AS device_ts_ns, w.dur_ns AS device_dur_ns, coalesce(w.n, 0) AS num_kernels,
            c.external_id, c.step
-    FROM calls_typed c LEFT JOIN work w USING (cid)
+    FROM calls_typed c LEFT JOIN work w USING (cid) LEFT JOIN call_gloo_args a USING (cid)
     -- older traces write Work.wait() as a bare record_param_comms: no name, no kernel
     WHERE NOT (c.name = 'record_param_comms' AND c.coll_name IS NULL AND w.n IS NULL)
 ), kernel_only AS (
@@ -158,7 +163,7 @@ WITH ev AS (
     FROM gloo g
     WHERE g.gid NOT IN (SELECT gid FROM call_gloo_nested)
       AND g.gid NOT IN (SELECT gid FROM ordered_match)
-      AND NOT EXISTS (SELECT 1 FROM calls_typed c WHERE c.rank = g.rank AND c.op = g.op)
+      AND (g.rank, g.op) NOT IN (SELECT (rank, op) FROM calls_typed)
 ), all_calls AS (
     SELECT * FROM from_calls UNION ALL SELECT * FROM kernel_only UNION ALL SELECT * FROM gloo_only
 ), described AS (
