@@ -34,6 +34,7 @@ class IngestOptions:
     workers: int = 2  # threads splitting (inflating) files
     batch_files: int = 8  # ranks scanned by one DuckDB query
     work_dir: Path | None = None  # where the events arrays are staged (default: system temp)
+    memory_limit: str = "600MB"  # DuckDB's buffer limit while ingesting; past it, DuckDB spills to disk
 
 
 @dataclass
@@ -71,6 +72,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOpt
     if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
         raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
     name = options.name or _unique_name(con, run.default_name)
+    con.execute(f"SET memory_limit = '{_checked_size(options.memory_limit)}'")
     con.execute("BEGIN TRANSACTION")
     try:
         result = _ingest_in_transaction(con, run, name, fingerprint, hashes, options, progress)
@@ -292,6 +294,13 @@ def _unique_name(con, base: str) -> str:
     while f"{base}-{n}" in taken:
         n += 1
     return f"{base}-{n}"
+
+
+def _checked_size(size: str) -> str:
+    """A DuckDB size such as 600MB or 2GB (formatted into SET, so it is validated here)."""
+    if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", size.strip()):
+        raise UsageError(f"memory limit {size!r} is not a size like 600MB or 2GB")
+    return size.strip()
 
 
 def _base_ns(meta: dict) -> int:
