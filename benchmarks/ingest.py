@@ -51,8 +51,11 @@ elif tool == 'hta':
     import logging
     logging.disable(logging.CRITICAL)
     from hta.trace_analysis import TraceAnalysis
-    TraceAnalysis(trace_dir=str(paths[0]))
+    ta = TraceAnalysis(trace_dir=str(paths[0]))
     nbytes = None
+    loaded = len(ta.t.traces)
+    if loaded != len(files):
+        sys.exit(f'HTA loaded {loaded} of {len(files)} rank traces')
 elif tool == 'orjson':
     import gzip, orjson
     nbytes = 0
@@ -120,10 +123,13 @@ def inputs(quick: bool) -> list[tuple[str, list[Path], bool]]:
         for name in ("a100_ddp_nccl_rank0", "a100_ws16_rank0", "v100_ns_resolution_rank0", "v100_resnet50_legacy_2021"):
             found.append((f"real {name}", [SHARED / name], True))
     synthetic = DATA / "synthetic-8rank"
-    if not (synthetic / "truth.json").exists():
+    if not (synthetic / "rank7.json.gz").exists():
         from bprof.synth import Scenario, write_run
 
-        write_run(Scenario(tp=2, pp=2, dp=2, steps=4, hosts=2, events_scale=2.0, seed=1), synthetic)
+        # pretty-printed like torch's own writer: HTA finds ranks only as `"rank": N`; truth.json
+        # moves out of the folder because HTA would take it for a trace
+        write_run(Scenario(tp=2, pp=2, dp=2, steps=4, hosts=2, events_scale=2.0, seed=1), synthetic, pretty=True)
+        (synthetic / "truth.json").rename(DATA / "synthetic-8rank.truth.json")
     found.append(("synthetic 8 ranks (tp2 pp2 dp2)", [synthetic], True))
     demo = ROOT / "runs" / "demo" / "traces"
     if demo.exists():
