@@ -43,7 +43,15 @@ CREATE OR REPLACE TEMP MACRO bprof_dtype_bytes(dtype) AS CASE lower(regexp_repla
     WHEN 'int16' THEN 2 WHEN 'short int' THEN 2
     WHEN 'byte' THEN 1 WHEN 'char' THEN 1 WHEN 'bool' THEN 1 WHEN 'int8' THEN 1 WHEN 'uint8' THEN 1
     WHEN 'unsigned char' THEN 1 WHEN 'signed char' THEN 1
-    ELSE CASE WHEN lower(dtype) LIKE '%float8%' THEN 1 END END;
+    -- NCCL kernel-name spellings
+    WHEN 'f32' THEN 4 WHEN 'i32' THEN 4 WHEN 'u32' THEN 4 WHEN 'f16' THEN 2 WHEN 'bf16' THEN 2
+    WHEN 'f64' THEN 8 WHEN 'i64' THEN 8 WHEN 'u64' THEN 8 WHEN 'i8' THEN 1 WHEN 'u8' THEN 1
+    ELSE CASE WHEN lower(dtype) LIKE '%float8%' OR lower(dtype) LIKE 'f8%' THEN 1 END END;
+
+-- Element type in an NCCL reduction kernel's name (..._Sum_float(..., ..._Sum_bf16_RING_LL):
+-- only reductions name the real type; broadcast, gather and send/recv kernels move int8 bytes.
+CREATE OR REPLACE TEMP MACRO bprof_nccl_reduction_dtype(kernel_name) AS nullif(regexp_extract(kernel_name,
+    '^nccl(?:Dev)?Kernel_(?:AllReduce|ReduceScatter|Reduce)_.*?_(?:Sum|Prod|Min|Max|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9]+?)(?:_t)?(?:[_(]|$)', 1), '');
 
 -- Elements of the first tensor argument from Input Dims: a tensor's dims, or a TensorList's.
 CREATE OR REPLACE TEMP MACRO bprof_first_arg_elems(args) AS CASE
@@ -94,7 +102,7 @@ WITH ev AS (
     SELECT rank, tid, ts_ns, correlation FROM ev
     WHERE kind = 'cuda_runtime' AND correlation IN (SELECT correlation FROM comm_kernels)
 ), call_kernels AS (
-    SELECT c.cid, k.kid, k.ts_ns, k.dur_ns
+    SELECT c.cid, k.kid, k.ts_ns, k.dur_ns, k.name
     FROM launches l
     ASOF JOIN calls c ON l.rank = c.rank AND l.tid = c.tid AND l.ts_ns >= c.ts_ns
     JOIN comm_kernels k ON k.rank = l.rank AND k.correlation = l.correlation
@@ -132,16 +140,17 @@ WITH ev AS (
 ), call_gloo_args AS (
     SELECT n.cid, arg_min(g.args, g.ts_ns) AS gloo_args FROM call_gloo n JOIN gloo g USING (gid) GROUP BY n.cid
 ), work AS (
-    SELECT cid, min(ts_ns) AS ts_ns, max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns, count(*) AS n
-    FROM (SELECT cid, ts_ns, dur_ns FROM call_kernels
-          UNION ALL SELECT cid, ts_ns, dur_ns FROM call_gloo_nested
-          UNION ALL SELECT cid, ts_ns, dur_ns FROM ordered_match)
+    SELECT cid, min(ts_ns) AS ts_ns, max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns, count(*) AS n,
+           arg_min(name, ts_ns) AS kernel_name
+    FROM (SELECT cid, ts_ns, dur_ns, name FROM call_kernels
+          UNION ALL SELECT cid, ts_ns, dur_ns, NULL FROM call_gloo_nested
+          UNION ALL SELECT cid, ts_ns, dur_ns, NULL FROM ordered_match)
     GROUP BY cid
 ), from_calls AS (
     SELECT c.rank, c.op,
            CASE WHEN c.name = 'record_param_comms' THEN coalesce(c.coll_name, c.name) ELSE c.name END AS raw_name,
            CASE WHEN c.name = 'record_param_comms' THEN 'record_param_comms' ELSE 'c10d' END AS source,
-           c.rpc_args AS info, c.args AS call_args, a.gloo_args,
+           c.rpc_args AS info, c.args AS call_args, a.gloo_args, w.kernel_name,
            coalesce(c.num_parts, 1) AS num_parts, c.tid, c.ts_ns AS cpu_ts_ns, c.dur_ns AS cpu_dur_ns,
            w.ts_ns AS device_ts_ns, w.dur_ns AS device_dur_ns, coalesce(w.n, 0) AS num_kernels,
            c.external_id, c.step
@@ -152,13 +161,13 @@ WITH ev AS (
     SELECT k.rank, bprof_canon_op(coalesce(k.args ->> '$."Collective name"', k.name)) AS op,
            k.name AS raw_name, 'kernel_only' AS source,
            CASE WHEN k.args ->> '$."Collective name"' IS NOT NULL THEN k.args END AS info,
-           NULL::JSON AS call_args, NULL::JSON AS gloo_args, 1 AS num_parts, NULL AS tid,
+           NULL::JSON AS call_args, NULL::JSON AS gloo_args, k.name AS kernel_name, 1 AS num_parts, NULL AS tid,
            NULL::BIGINT AS cpu_ts_ns, NULL::BIGINT AS cpu_dur_ns, k.ts_ns AS device_ts_ns,
            k.dur_ns AS device_dur_ns, 1 AS num_kernels, NULL::BIGINT AS external_id, k.step
     FROM comm_kernels k WHERE k.kid NOT IN (SELECT kid FROM call_kernels)
 ), gloo_only AS (
     SELECT g.rank, g.op, g.name AS raw_name, 'gloo_only' AS source, NULL::JSON AS info,
-           NULL::JSON AS call_args, g.args AS gloo_args, 1 AS num_parts, g.tid,
+           NULL::JSON AS call_args, g.args AS gloo_args, NULL AS kernel_name, 1 AS num_parts, g.tid,
            NULL::BIGINT, NULL::BIGINT, g.ts_ns, g.dur_ns, 1, NULL::BIGINT, g.step
     FROM gloo g
     WHERE g.gid NOT IN (SELECT gid FROM call_gloo_nested)
@@ -178,7 +187,8 @@ WITH ev AS (
                  END) AS pg_ranks_,
         TRY_CAST(info ->> '$."Group size"' AS INTEGER) AS group_size_,
         TRY_CAST(info ->> '$.Seq' AS BIGINT) AS seq_,
-        coalesce(info ->> '$.dtype', bprof_first_tensor_type(call_args), bprof_first_tensor_type(gloo_args)) AS dtype_,
+        coalesce(info ->> '$.dtype', bprof_first_tensor_type(call_args), bprof_first_tensor_type(gloo_args),
+                 bprof_nccl_reduction_dtype(kernel_name)) AS dtype_,
         coalesce(TRY_CAST(info ->> '$."In msg nelems"' AS BIGINT),
                  bprof_first_arg_elems(call_args), bprof_first_arg_elems(gloo_args)) AS in_elems_,
         TRY_CAST(info ->> '$."Out msg nelems"' AS BIGINT) AS out_elems_

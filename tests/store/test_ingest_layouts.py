@@ -99,3 +99,29 @@ def test_a_trace_cut_into_parts_loses_and_reorders_nothing(store, tmp_path, monk
     [cut] = ingest_paths(store, [tmp_path / "cut"])
     query = "SELECT count(*), sum(ts_ns), sum(dur_ns), count(DISTINCT step), string_agg(name, ',' ORDER BY ts_ns, name) FROM events WHERE run_id = ?"
     assert store.execute(query, [cut.run_id]).fetchone() == store.execute(query, [whole.run_id]).fetchone()
+
+
+def test_old_nccl_traces_take_the_reduction_dtype_from_the_kernel_name(store, tmp_path):
+    """2022-era record_param_comms carry no args: a reduction kernel's name still names the type;
+    a broadcast kernel's int8_t is NCCL moving bytes, not the tensor's type."""
+    events = []
+    for i, (op, kernel) in enumerate((("c10d::allreduce_", "ncclKernel_AllReduce_RING_LL_Sum_half(ncclWorkElem)"),
+                                      ("c10d::broadcast_", "ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclWorkElem)"))):
+        t = 1_000_000 + i * 1000
+        events += [
+            {"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": t, "dur": 50,
+             "args": {"External id": 10 * i + 1, "Input Dims": [[[1000]], []], "Input type": ["TensorList", "Scalar"]}},
+            {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": t + 5, "dur": 40,
+             "args": {"External id": 10 * i + 2}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 10, "dur": 5,
+             "args": {"External id": 10 * i + 2, "correlation": 100 + i}},
+            {"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 13, "ts": t + 20, "dur": 300,
+             "args": {"External id": 100 + i, "device": 0, "stream": 13, "correlation": 100 + i}},
+        ]
+    trace = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "Tesla V100"}],
+             "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1}, "traceEvents": events}
+    write(tmp_path / "old" / "rank0.json", trace)
+    [r] = ingest_paths(store, [tmp_path / "old"])
+    rows = store.execute("SELECT op, dtype, in_elems, in_bytes, num_kernels, device_dur_ns FROM collectives "
+                         "WHERE run_id = ? ORDER BY call_index", [r.run_id]).fetchall()
+    assert rows == [("all_reduce", "half", 1000, 2000, 1, 300_000), ("broadcast", None, 1000, None, 1, 300_000)]
