@@ -34,10 +34,11 @@ def open_store(path: Path | str = DEFAULT_DB, *, read_only: bool = False) -> duc
     if read_only and not path.exists():
         raise UsageError(f"{path}: no bprof store here (run `bprof ingest` first, or pass --db)")
     try:
-        # DuckDB's own progress bar would print to stdout, into --json output; bprof shows its own
-        con = duckdb.connect(str(path), read_only=read_only, config={"enable_progress_bar": False})
+        con = duckdb.connect(str(path), read_only=read_only)
     except duckdb.Error as exc:
         raise DataError(f"{path}: cannot open as a DuckDB store ({_first_line(exc)})") from None
+    # DuckDB's own progress bar would print to stdout, into --json output; bprof shows its own
+    con.execute("SET enable_progress_bar = false")
     try:
         version = _schema_version(con)
         if version is None:
