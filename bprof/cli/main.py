@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import export, ingest, runs
+from bprof.cli import export, ingest, record, runs
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
 ingest.register(app)
 runs.register(app)
 export.register(app)
+record.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

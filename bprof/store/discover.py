@@ -20,15 +20,22 @@ _NOT_TRACES = {"truth.json"}
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The files of one run and the name the run gets by default."""
+    """The files of one run and the name the run gets by default.
+
+    `meta_dir` is set for `bprof record` run directories: per-rank metadata lives in
+    meta_dir/rank<R>.json and the window's Flight Recorder entries in
+    meta_dir/<window>/rank<R>.fr.json.
+    """
 
     default_name: str
     files: tuple[Path, ...]
+    meta_dir: Path | None = None
+    window: str | None = None
 
 
 def is_trace_name(path: Path) -> bool:
     name = path.name
-    if name in _NOT_TRACES or ".et." in name or "meta" in path.parent.parts[-1:]:
+    if name in _NOT_TRACES or ".et." in name or name.endswith(".fr.json") or "meta" in path.parent.parts:
         return False
     return name.endswith(".json") or name.endswith(".json.gz")
 
@@ -46,12 +53,17 @@ def discover(paths: list[Path]) -> list[RunFiles]:
         if path.is_file():
             loose.append(path)
             continue
-        iterations = sorted(d for d in path.iterdir() if d.is_dir() and _ITERATION_DIR.match(d.name))
+        recorded = (path / "traces").is_dir() and (path / "meta").is_dir()  # a bprof record run directory
+        base = path / "traces" if recorded else path
+        meta_dir = path / "meta" if recorded else None
+        iterations = sorted((d for d in base.iterdir() if d.is_dir() and _ITERATION_DIR.match(d.name)),
+                            key=lambda d: int(d.name.split("_")[1]))
         if iterations:
             for d in iterations:
                 files = _trace_files(d)
                 if files:
-                    runs.append(RunFiles(f"{_dir_name(path)}-{d.name}", files))
+                    name = _dir_name(path) if recorded and len(iterations) == 1 else f"{_dir_name(path)}-{d.name}"
+                    runs.append(RunFiles(name, files, meta_dir, d.name))
             continue
         files = _trace_files(path)
         if not files:

@@ -119,6 +119,12 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
             if progress:
                 progress(done, len(run.files))
     _run_sql(con, "ingest_collectives.sql", run_id)
+    recorded = _load_recorded_meta(con, run, seen_ranks)
+    if recorded:
+        _run_sql(con, "ingest_flight_recorder.sql", run_id)
+        con.execute("DROP TABLE _flight_recorder")
+    for rank, meta in recorded.items():
+        metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)
     result.num_ranks = len(seen_ranks)
     result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
@@ -160,6 +166,49 @@ def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: d
              _json_or_none(meta.get("distributedInfo")), _json_or_none(meta.get("deviceProperties"))],
         )
     con.execute("DROP TABLE _batch_steps; DROP TABLE _batch_files")
+
+
+def _load_recorded_meta(con, run: RunFiles, ranks) -> dict[int, dict]:
+    """`bprof record` directories: per-rank metadata, and Flight Recorder entries into a temp table."""
+    if run.meta_dir is None:
+        return {}
+    metas, rows = {}, []
+    for rank in ranks:
+        meta_path = run.meta_dir / f"rank{rank}.json"
+        if meta_path.exists():
+            metas[rank] = _read_json(meta_path)
+        fr_path = run.meta_dir / (run.window or "") / f"rank{rank}.fr.json"
+        if fr_path.exists():
+            for e in _read_json(fr_path).get("entries", []):
+                pg = e.get("process_group") or [None, None]
+                sizes_in, sizes_out = e.get("input_sizes") or [], e.get("output_sizes") or []
+                rows.append([rank, pg[0], pg[1], e.get("p2p_seq_id") if e.get("is_p2p") else e.get("collective_seq_id"),
+                             e.get("profiling_name"), e.get("time_created_ns"),
+                             (e.get("input_dtypes") or [None])[0], _numel(sizes_in), _numel(sizes_out)])
+    con.execute("""CREATE OR REPLACE TEMP TABLE _flight_recorder (rank INTEGER, pg_name VARCHAR, pg_desc VARCHAR,
+                   seq BIGINT, profiling_name VARCHAR, time_created_ns BIGINT, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT)""")
+    if rows:
+        con.executemany("INSERT INTO _flight_recorder VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return metas
+
+
+def _numel(sizes: list) -> int | None:
+    if not sizes:
+        return None
+    total = 0
+    for shape in sizes:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable bprof metadata ({exc})") from None
 
 
 def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:

@@ -1,0 +1,56 @@
+"""`bprof record [OPTIONS] -- CMD...`: capture every rank of an unmodified job, then ingest it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from bprof.cli.options import DbOption
+from bprof.profiler.launcher import RecordOptions, record as run_recording
+from bprof.profiler.windows import DEFAULT_WINDOWS
+from bprof.store.db import open_store
+from bprof.store.ingest import IngestOptions, ingest_paths
+
+
+def register(app: typer.Typer) -> None:
+    app.command("record", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(record)
+
+
+def record(
+    ctx: typer.Context,
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default: bprof_runs/<name or run id>)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Run name."),
+    steps: str = typer.Option(DEFAULT_WINDOWS, "--steps", help="Iterations to capture, half-open: 10:15 or 10:15,5000:5005."),
+    memory: bool = typer.Option(False, "--memory", help="Also record memory events."),
+    execution_trace: bool = typer.Option(False, "--execution-trace", help="Also write PyTorch's execution trace (Chakra)."),
+    model_flops: Optional[float] = typer.Option(None, "--model-flops", help="Model FLOPs per step, when the script does not declare them."),
+    db: Path = DbOption,
+    ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the run into the store afterwards."),
+) -> None:
+    """Run CMD (torchrun, python -m torch.distributed.run, python, ...) with every rank profiled."""
+    command = tuple(ctx.args)
+    result = run_recording(RecordOptions(command=command, out=out, name=name, steps=steps, memory=memory,
+                                         execution_trace=execution_trace, model_flops=model_flops))
+    if not result.ranks_with_traces:
+        typer.echo(f"bprof: nothing was captured (the command exited with {result.exit_code} before any "
+                   f"window of --steps {steps}); run directory {result.run_dir}", err=True)
+        raise typer.Exit(result.exit_code or 1)
+    typer.echo(f"bprof: recorded ranks {_ranks(result.ranks_with_traces)} over windows "
+               f"{', '.join(result.windows)} into {result.run_dir}", err=True)
+    if ingest:
+        con = open_store(db)
+        try:
+            for r in ingest_paths(con, [result.run_dir], IngestOptions(name=name if len(result.windows) == 1 else None)):
+                for warning in r.warnings:
+                    typer.echo(f"bprof: warning: run {r.name}: {warning}", err=True)
+                typer.echo(f"bprof: ingested run {r.run_id} ({r.name}): {r.num_ranks} ranks, "
+                           f"{r.num_events:,} events into {db}", err=True)
+        finally:
+            con.close()
+    raise typer.Exit(result.exit_code)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)) else str(ranks)

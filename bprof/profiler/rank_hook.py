@@ -1,0 +1,292 @@
+"""The recorder inside each training rank of `bprof record`.
+
+Iterations are counted by torch's global optimizer-step hook (several optimizers in one
+iteration count once: the iteration is the largest per-optimizer count) or by explicit
+`bprof.step()` calls. Inside a step window torch.profiler records CPU (and, once the script has
+initialised CUDA, GPU) activity with shapes; outside, the hook costs one integer compare per
+optimizer step. At each window's end the rank writes:
+  traces/iteration_<start>/rank<R>.json.gz   the Kineto trace (bprof metadata embedded)
+  meta/iteration_<start>/rank<R>.fr.json     Flight Recorder entries of the window (group, seq)
+  meta/rank<R>.json                          per-rank metadata, rewritten after every window
+Configuration comes from the environment the launcher sets (see launcher.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from bprof.profiler.windows import Window, parse_windows, triggered_window
+
+_recorder = None  # the process's Recorder, once installed
+
+
+def install() -> None:
+    """Called right after the script imports torch; inert outside training ranks."""
+    global _recorder
+    if _recorder is not None or not os.environ.get("BPROF_RUN_DIR"):
+        return
+    if "RANK" not in os.environ and os.environ.get("BPROF_SINGLE_PROCESS") != "1":
+        return  # a launcher agent or helper process, not a training rank
+    _recorder = Recorder(Path(os.environ["BPROF_RUN_DIR"]))
+    _recorder.install()
+
+
+def recorder():
+    return _recorder
+
+
+class Recorder:
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.windows = list(parse_windows(os.environ.get("BPROF_STEPS", "3:6")))
+        self.options = json.loads(os.environ.get("BPROF_OPTIONS", "{}"))
+        self.run_id = os.environ.get("BPROF_RUN_ID", "")
+        self.host = os.environ.get("BPROF_HOSTNAME") or socket.gethostname()
+        self.clock_shift_ns = int(os.environ.get("BPROF_TEST_CLOCK_SHIFT_NS", "0"))  # tests only
+        self.iteration = 0
+        self.explicit_steps = False
+        self.counts: dict[int, int] = {}
+        self.prof = None
+        self.window: Window | None = None
+        self.window_t0_ns = 0
+        self.captured: list[dict] = []
+        self.notes: list[str] = []
+        self.model: dict = {}
+        self.trigger_mtime = None
+        self.run_id_shared = False
+        self._gc_ranges: list = []
+
+    # -- iteration detection -------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self.handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+        atexit.register(self.close)
+        self._write_meta()
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        if self.explicit_steps:
+            return
+        key = id(optimizer)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        done = max(self.counts.values())
+        if done > self.iteration:
+            self.boundary(done)
+
+    def explicit_step(self) -> None:
+        self.explicit_steps = True
+        self.boundary(self.iteration + 1)
+
+    def boundary(self, iteration: int) -> None:
+        """Iteration `iteration` (0-based) is about to start."""
+        self.iteration = iteration
+        self._check_trigger()
+        if self.prof is not None:
+            if iteration >= self.window.end:
+                self._stop()
+            else:
+                self.prof.step()
+                return
+        while self.windows and self.windows[0].end <= iteration:
+            self.notes.append(f"window {self.windows.pop(0)} was already past when bprof saw it")
+        if self.windows and self.windows[0].start == iteration:
+            self._start(self.windows.pop(0))
+
+    def _check_trigger(self) -> None:
+        trigger = self.run_dir / "trigger"
+        try:
+            mtime = trigger.stat().st_mtime_ns
+        except OSError:
+            return
+        if mtime == self.trigger_mtime:
+            return
+        self.trigger_mtime = mtime
+        try:
+            num_steps = int(trigger.read_text().strip() or "3")
+        except (OSError, ValueError):
+            num_steps = 3
+        window = triggered_window(self.iteration, num_steps)
+        if all(w.end <= window.start or w.start >= window.end for w in self.windows):
+            self.windows = sorted([*self.windows, window])
+
+    # -- windows ---------------------------------------------------------------------------
+    def _start(self, window: Window) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        if torch.autograd.profiler._is_profiler_enabled:
+            self.notes.append(f"window {window}: the script runs its own torch.profiler; bprof stepped aside")
+            print(f"bprof: rank {self.rank}: the script runs its own torch.profiler; bprof steps aside "
+                  f"for window {window}", file=sys.stderr)
+            return
+        self._share_run_id()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # never initialise CUDA ourselves
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        kwargs = {}
+        if cuda:
+            kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        if self.options.get("execution_trace"):
+            from torch.profiler import ExecutionTraceObserver
+
+            et_path = self._path("traces", window, "et.json")
+            kwargs["execution_trace_observer"] = ExecutionTraceObserver().register_callback(str(et_path))
+        prof = profile(activities=activities, record_shapes=True, profile_memory=bool(self.options.get("memory")),
+                       with_stack=False, **kwargs)
+        prof.preset_metadata_json("bprof", json.dumps(self._trace_meta()))
+        prof.step_num = window.start  # ProfilerStep#N carries the iteration number
+        prof.record_steps = True  # without a schedule torch would not write ProfilerStep ranges
+        self.window, self.window_t0_ns = window, time.time_ns()
+        gc.callbacks.append(self._on_gc)
+        prof.start()
+        self.prof = prof
+
+    def _stop(self, partial: bool = False) -> None:
+        prof, window = self.prof, self.window
+        self.prof = None
+        prof.stop()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        t1_ns = time.time_ns()
+        trace = self._path("traces", window, "json.gz")
+        prof.export_chrome_trace(str(trace))
+        if self.clock_shift_ns:
+            _shift_trace_clock(trace, self.clock_shift_ns)
+        num_fr = self._dump_flight_recorder(window, self.window_t0_ns, t1_ns)
+        self.captured.append({"window": str(window), "trace": str(trace.relative_to(self.run_dir)),
+                              "t0_ns": self.window_t0_ns + self.clock_shift_ns,
+                              "t1_ns": t1_ns + self.clock_shift_ns, "partial": partial,
+                              "flight_recorder_entries": num_fr})
+        self._write_meta()
+
+    def close(self) -> None:
+        """At exit: a window still open is written as a partial window."""
+        if self.prof is not None:
+            self.notes.append(f"window {self.window} ended early (the script stopped at iteration {self.iteration})")
+            self._stop(partial=True)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        """Python GC pauses as `bprof/gc.gen<N>` ranges in the trace (a straggler cause at scale)."""
+        from torch.profiler import record_function
+
+        if phase == "start":
+            rf = record_function(f"bprof/gc.gen{info.get('generation', '?')}")
+            rf.__enter__()
+            self._gc_ranges.append(rf)
+        elif self._gc_ranges:
+            self._gc_ranges.pop().__exit__(None, None, None)
+
+    def _dump_flight_recorder(self, window: Window, t0_ns: int, t1_ns: int) -> int:
+        """Flight Recorder entries created in the window: group, per-group seq, op, sizes, dtypes."""
+        try:
+            import torch
+
+            dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
+        except Exception as exc:  # Flight Recorder off (TORCH_FR_BUFFER_SIZE unset) or unavailable
+            self.notes.append(f"no Flight Recorder entries: {type(exc).__name__}: {exc}")
+            return 0
+        entries = [e for e in dump.get("entries", []) if t0_ns <= e.get("time_created_ns", 0) <= t1_ns]
+        for e in entries:
+            e["time_created_ns"] += self.clock_shift_ns
+        path = self._path("meta", window, "fr.json")
+        path.write_text(json.dumps({"version": dump.get("version"), "entries": entries}))
+        return len(entries)
+
+    # -- metadata --------------------------------------------------------------------------
+    def _share_run_id(self) -> None:
+        """Every host's launcher made its own id; the job takes rank 0's, via the job's store."""
+        if self.run_id_shared:
+            return
+        self.run_id_shared = True
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                return
+            store = dist.distributed_c10d._get_default_store()
+            if self.rank == 0:
+                store.set("bprof/run_id", self.run_id)
+            else:
+                self.run_id = store.get("bprof/run_id").decode()
+        except Exception as exc:
+            self.notes.append(f"run id not shared through the store: {exc}")
+
+    def _trace_meta(self) -> dict:
+        return {"run_id": self.run_id, "rank": self.rank, "local_rank": self.local_rank,
+                "world_size": self.world_size, "host": self.host}
+
+    def _write_meta(self) -> None:
+        meta = self._trace_meta() | {
+            "pid": os.getpid(),
+            "command": json.loads(os.environ.get("BPROF_COMMAND", "null")),
+            "git_sha": os.environ.get("BPROF_GIT_SHA") or None,
+            "git_branch": os.environ.get("BPROF_GIT_BRANCH") or None,
+            "windows_requested": os.environ.get("BPROF_STEPS", ""),
+            "windows_captured": self.captured,
+            "notes": self.notes,
+            "model": self.model or _declared_model_flops(self.options),
+        } | _environment_facts()
+        path = self.run_dir / "meta" / f"rank{self.rank}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta, indent=1, default=str))
+        tmp.replace(path)
+
+    def _path(self, kind: str, window: Window, suffix: str) -> Path:
+        path = self.run_dir / kind / f"iteration_{window.start}" / f"rank{self.rank}.{suffix}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def _declared_model_flops(options: dict) -> dict:
+    flops = options.get("model_flops")
+    return {"model_flops_per_step": float(flops)} if flops else {}
+
+
+def _environment_facts() -> dict:
+    import torch
+
+    facts = {"torch_version": torch.__version__, "cuda_version": torch.version.cuda,
+             "intra_op_threads": torch.get_num_threads(), "device_name": "cpu", "device_properties": None}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        facts |= {"device_name": props.name, "device_index": index,
+                  "device_properties": {"total_memory_bytes": props.total_memory,
+                                        "multi_processor_count": props.multi_processor_count,
+                                        "major": props.major, "minor": props.minor}}
+        try:
+            facts["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            facts["nccl_version"] = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            facts["backend"] = dist.get_backend()
+            facts["process_groups"] = [
+                {"pg_name": c.get("pg_name"), "pg_desc": c.get("pg_desc"), "ranks": c.get("ranks")}
+                for c in dist.distributed_c10d._get_all_pg_configs()]
+    except Exception as exc:
+        facts["process_groups_error"] = str(exc)
+    return facts
+
+
+def _shift_trace_clock(path: Path, shift_ns: int) -> None:
+    """Tests only: move a trace's clock by shift_ns, as if its host's clock were off."""
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    trace["baseTimeNanoseconds"] = trace.get("baseTimeNanoseconds", 0) + shift_ns
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
