@@ -70,7 +70,11 @@ class Recorder:
     def install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        from bprof.profiler.p2p import P2PLog
+
         self.handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self.p2p = P2PLog(self.rank)
+        self.p2p.install()
         atexit.register(self.close)
         self._write_meta()
 
@@ -147,6 +151,7 @@ class Recorder:
         prof.record_steps = True  # without a schedule torch would not write ProfilerStep ranges
         self.window, self.window_t0_ns = window, time.time_ns()
         gc.callbacks.append(self._on_gc)
+        self.p2p.entries, self.p2p.recording = [], True
         prof.start()
         self.prof = prof
 
@@ -154,6 +159,7 @@ class Recorder:
         prof, window = self.prof, self.window
         self.prof = None
         prof.stop()
+        self.p2p.recording = False
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         t1_ns = time.time_ns()
@@ -193,10 +199,13 @@ class Recorder:
             dump = json.loads(torch._C._distributed_c10d._dump_fr_trace_json())
         except Exception as exc:  # Flight Recorder off (TORCH_FR_BUFFER_SIZE unset) or unavailable
             self.notes.append(f"no Flight Recorder entries: {type(exc).__name__}: {exc}")
-            return 0
+            dump = {}
         entries = [e for e in dump.get("entries", []) if t0_ns <= e.get("time_created_ns", 0) <= t1_ns]
+        entries += self.p2p.entries
         for e in entries:
             e["time_created_ns"] += self.clock_shift_ns
+            if "time_done_ns" in e:
+                e["time_done_ns"] += self.clock_shift_ns
         path = self._path("meta", window, "fr.json")
         path.write_text(json.dumps({"version": dump.get("version"), "entries": entries}))
         return len(entries)

@@ -183,12 +183,14 @@ def _load_recorded_meta(con, run: RunFiles, ranks) -> dict[int, dict]:
                 pg = e.get("process_group") or [None, None]
                 sizes_in, sizes_out = e.get("input_sizes") or [], e.get("output_sizes") or []
                 rows.append([rank, pg[0], pg[1], e.get("p2p_seq_id") if e.get("is_p2p") else e.get("collective_seq_id"),
-                             e.get("profiling_name"), e.get("time_created_ns"),
+                             e.get("profiling_name"), e.get("time_created_ns"), e.get("time_done_ns"),
+                             bool(e.get("is_p2p")), e.get("peer_rank"),
                              (e.get("input_dtypes") or [None])[0], _numel(sizes_in), _numel(sizes_out)])
     con.execute("""CREATE OR REPLACE TEMP TABLE _flight_recorder (rank INTEGER, pg_name VARCHAR, pg_desc VARCHAR,
-                   seq BIGINT, profiling_name VARCHAR, time_created_ns BIGINT, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT)""")
+                   seq BIGINT, profiling_name VARCHAR, time_created_ns BIGINT, time_done_ns BIGINT, is_p2p BOOLEAN,
+                   peer_rank INTEGER, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT)""")
     if rows:
-        con.executemany("INSERT INTO _flight_recorder VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO _flight_recorder VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     return metas
 
 
@@ -237,22 +239,28 @@ def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
         warnings.append("these files do not look like one job and step window: " + ", ".join(problems)
                         + "; cross-rank analyses will answer 'not measurable' for this run")
     world_size = max(world_sizes) if world_sizes else None
-    if world_size and len(metas) < world_size:
-        warnings.append(f"{len(metas)} of {world_size} ranks ingested")
+    missing = [r for r in range(world_size) if r not in metas] if world_size else None
+    if missing:
+        warnings.append(f"{len(metas)} of {world_size} ranks ingested (partial run; missing ranks {_ranges(missing)})")
     model = next((m.get("bprof_model") for m in metas.values() if m.get("bprof_model") is not None), None)
     if isinstance(model, str):
         model = json.loads(model)
     bprof_meta = next((m["bprof"] for m in metas.values() if isinstance(m.get("bprof"), dict)), {})
+    recorded = next((m["bprof_record"] for _, m in sorted(metas.items()) if "bprof_record" in m), {})
+    bprof_meta = {**bprof_meta, **{k: recorded[k] for k in ("command", "git_sha", "git_branch") if recorded.get(k)}}
+    model = model or recorded.get("model") or None
+    if isinstance(bprof_meta.get("command"), list):
+        bprof_meta["command"] = " ".join(bprof_meta["command"])
     lowest = min(metas)
     con.execute(
         """UPDATE runs SET
              started_at = (SELECT make_timestamptz(min(first_ts_ns) // 1000) FROM ranks WHERE run_id = $run_id),
-             world_size = $world_size, num_ranks_ingested = $num_ranks, backend = $backend,
+             world_size = $world_size, num_ranks_ingested = $num_ranks, missing_ranks = $missing, backend = $backend,
              device_name = (SELECT device_name FROM ranks WHERE run_id = $run_id AND rank = $lowest),
              model_flops_per_step = $model_flops, consistent = $consistent, inconsistency = $inconsistency,
              command = $command, git_sha = $git_sha, git_branch = $git_branch, metadata = $metadata
            WHERE run_id = $run_id""",
-        {"run_id": run_id, "world_size": world_size, "num_ranks": len(metas),
+        {"run_id": run_id, "world_size": world_size, "num_ranks": len(metas), "missing": missing,
          "backend": next(iter(backends)) if len(backends) == 1 else None, "lowest": lowest,
          "model_flops": (model or {}).get("model_flops_per_step"), "consistent": not problems,
          "inconsistency": ", ".join(problems) or None, "command": bprof_meta.get("command"),
@@ -368,6 +376,18 @@ def _device_name(meta: dict, device_index: int | None) -> str:
 
 def _json_or_none(value) -> str | None:
     return None if value is None else json.dumps(value)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7'."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(parts)
 
 
 def _span(steps: list[int]) -> str:

@@ -14,7 +14,7 @@
 -- 4. NCCL kernels and gloo ranges left over become kernel_only / gloo_only rows (older traces
 --    without CPU comm ops, or CPU-only traces with only worker ranges).
 CREATE OR REPLACE TEMP MACRO bprof_op_key(raw) AS
-    replace(regexp_replace(lower(raw), '^(c10d::|_c10d_functional::|nccl:|gloo:|rccl:|nccl(dev)?kernel_)', ''), '_', '');
+    replace(regexp_replace(lower(raw), '^(c10d::|_c10d_functional::|nccl:|gloo:|rccl:|p2p:|nccl(dev)?kernel_)', ''), '_', '');
 
 CREATE OR REPLACE TEMP MACRO bprof_canon_op(raw) AS CASE
     WHEN raw IS NULL THEN NULL
@@ -196,7 +196,7 @@ WITH ev AS (
 )
 SELECT $run_id, rank,
        CAST(row_number() OVER (PARTITION BY rank ORDER BY coalesce(cpu_ts_ns, device_ts_ns), raw_name) - 1 AS INTEGER),
-       op, raw_name, source, op IN ('send', 'recv'),
+       op, raw_name, source, op IN ('send', 'recv'), NULL,
        pg_name_, pg_desc_, pg_ranks_, coalesce(group_size_, len(pg_ranks_)), seq_, dtype_,
        in_elems_, out_elems_,
        in_elems_ * bprof_dtype_bytes(dtype_), out_elems_ * bprof_dtype_bytes(dtype_),

@@ -26,6 +26,7 @@ CREATE TABLE runs (
     tags VARCHAR[],
     world_size INTEGER,
     num_ranks_ingested INTEGER NOT NULL,
+    missing_ranks INTEGER[],
     backend VARCHAR,
     device_name VARCHAR,
     peak_flops_per_s DOUBLE,
@@ -48,6 +49,7 @@ COMMENT ON COLUMN runs.benchmark IS 'Benchmark name that groups comparable runs 
 COMMENT ON COLUMN runs.tags IS 'Free-form labels.';
 COMMENT ON COLUMN runs.world_size IS 'Number of ranks of the job (from distributedInfo), which may exceed the ranks ingested.';
 COMMENT ON COLUMN runs.num_ranks_ingested IS 'Number of rank traces ingested for this run.';
+COMMENT ON COLUMN runs.missing_ranks IS 'Ranks of the job with no trace (crashed, killed, or not captured): a partial run; empty when complete, NULL when the world size is unknown.';
 COMMENT ON COLUMN runs.backend IS 'Default process-group backend (nccl, gloo, ...).';
 COMMENT ON COLUMN runs.device_name IS 'Device of rank 0 (GPU name, or cpu).';
 COMMENT ON COLUMN runs.peak_flops_per_s IS 'Dense peak FLOP/s per device used for MFU; NULL until known (never guessed).';
@@ -141,6 +143,7 @@ CREATE TABLE collectives (
     raw_name VARCHAR NOT NULL,
     source VARCHAR NOT NULL,
     is_p2p BOOLEAN NOT NULL,
+    peer_rank INTEGER,
     pg_name VARCHAR,
     pg_desc VARCHAR,
     pg_ranks INTEGER[],
@@ -170,11 +173,12 @@ COMMENT ON COLUMN collectives.op IS 'Canonical op: all_reduce, all_gather, reduc
 COMMENT ON COLUMN collectives.raw_name IS 'Name as traced (c10d::allreduce_, record_param_comms Collective name, NCCL kernel or gloo range name).';
 COMMENT ON COLUMN collectives.source IS 'What the row was built from: c10d (a c10d::* CPU op, with its record_param_comms if any), record_param_comms, kernel_only (an NCCL kernel with no CPU op) or gloo_only (a gloo:* range with no CPU op).';
 COMMENT ON COLUMN collectives.is_p2p IS 'True for send and recv.';
+COMMENT ON COLUMN collectives.peer_rank IS 'Global rank of the other side of a send or recv, when known (bprof record); NULL for collectives.';
 COMMENT ON COLUMN collectives.pg_name IS 'Process group name (id) when traced or implied by a single process group.';
 COMMENT ON COLUMN collectives.pg_desc IS 'Process group description (default_pg, DATA_PARALLEL_GROUP, ...).';
 COMMENT ON COLUMN collectives.pg_ranks IS 'Global ranks of the process group.';
 COMMENT ON COLUMN collectives.group_size IS 'Number of ranks in the process group.';
-COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number when the trace has one (NCCL, recent torch).';
+COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number of a collective (trace Seq, or the Flight Recorder under bprof record); for send/recv under bprof record, the message number of its (group, sender, receiver) pair.';
 COMMENT ON COLUMN collectives.dtype IS 'Element type as traced (Float, BFloat16, float, c10::BFloat16, ...).';
 COMMENT ON COLUMN collectives.in_elems IS 'Input elements (In msg nelems, or the product of Input Dims).';
 COMMENT ON COLUMN collectives.out_elems IS 'Output elements (Out msg nelems), when traced.';
