@@ -151,11 +151,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 2 GB memory check")
     parser.add_argument("--repeat", type=int, default=2, help="runs per tool and input; the best counts")
     parser.add_argument("--no-hta", action="store_true", help="skip HolisticTraceAnalysis")
+    parser.add_argument("--only", default="", help="run only the inputs whose label contains this text")
     args = parser.parse_args()
     DATA.mkdir(exist_ok=True)
     hta = None if args.no_hta else hta_python()
     rows = []
     for label, paths, hta_ok in inputs(args.quick):
+        if args.only not in label:
+            continue
         print(f"\n== {label}")
         with tempfile.TemporaryDirectory(dir=DATA) as tmp:
             arrays = split_arrays(paths, Path(tmp))
@@ -176,8 +179,9 @@ def main() -> None:
                 ratios[tool] = (results[tool]["wall_s"] / b["wall_s"], b["maxrss_mb"] / results[tool]["maxrss_mb"])
                 print(f"  bprof vs {tool:7s} throughput x{ratios[tool][0]:.2f}   peak RSS ratio (bprof/{tool}) {ratios[tool][1]:.2f}")
         rows.append({"input": label, "mb": mb, "results": results, "ratios": ratios})
-    (DATA / "ingest-results.json").write_text(json.dumps(rows, indent=2))
-    print(f"\nresults written to {DATA / 'ingest-results.json'}")
+    out = DATA / f"ingest-results{'-' + args.only.replace(' ', '_') if args.only else ''}.json"
+    out.write_text(json.dumps(rows, indent=2))
+    print(f"\nresults written to {out}")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def test_files_of_different_jobs_are_flagged(store, tmp_path):
     consistent, why = store.execute("SELECT consistent, inconsistency FROM runs WHERE run_id = ?", [r.run_id]).fetchone()
     assert consistent is False
     assert why == "world sizes disagree ([2, 4]), step numbers disagree (rank 0: 2-3 (2); rank 1: 7-8 (2))"
-    assert len(r.warnings) == 2 and "not measurable" in r.warnings[0] and r.warnings[1] == "2 of 4 ranks ingested"
+    assert len(r.warnings) == 2 and "not measurable" in r.warnings[0] and r.warnings[1] == "2 of 4 ranks ingested (partial run; missing ranks 2-3)"
 
 
 def test_run_names_are_unique(store, tmp_path):
