@@ -824,6 +824,16 @@ def make_profiler(args: argparse.Namespace, par: Parallel, summary: dict):
     return prof
 
 
+def declare_to_bprof(summary: dict) -> None:
+    """Under `bprof record`, declare the FLOPs so MFU/HFU need no flag; without bprof, nothing."""
+    try:
+        import bprof
+    except ImportError:
+        return
+    bprof.set_model_flops(summary["model_flops_per_step"], summary["executed_flops_per_step"],
+                          **{k: v for k, v in summary.items() if k not in ("model_flops_per_step", "executed_flops_per_step")})
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     shape = model_shape(args)
@@ -832,6 +842,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = model_summary(args)
     if par.rank == 0:
         print("bprof-model: " + json.dumps(summary), flush=True)
+    declare_to_bprof(summary)
     trainer = Trainer(args, par, shape)
     log = JsonLog(args.log_json, par.rank)
     log.write("config", tp_rank=par.tp_rank, dp_rank=par.dp_rank, pp_rank=par.pp_rank,

@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     if debug:
         args.remove("--debug")
     try:
-        app(args, standalone_mode=False)
+        # without standalone mode, click returns a command's typer.Exit code instead of raising it
+        rc = app(args, standalone_mode=False)
     except BprofError as exc:
         if debug:
             raise
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "Abort":
             return 1
         raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def record(
     if not result.ranks_with_traces:
         typer.echo(f"bprof: nothing was captured (the command exited with {result.exit_code} before any "
                    f"window of --steps {steps}); run directory {result.run_dir}", err=True)
-        raise typer.Exit(result.exit_code or 1)
+        raise typer.Exit(result.exit_code)
     typer.echo(f"bprof: recorded ranks {_ranks(result.ranks_with_traces)} over windows "
                f"{', '.join(result.windows)} into {result.run_dir}", err=True)
     if ingest:

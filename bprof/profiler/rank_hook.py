@@ -17,8 +17,10 @@ import atexit
 import gc
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,6 +67,9 @@ class Recorder:
         self.trigger_mtime = None
         self.run_id_shared = False
         self._gc_ranges: list = []
+        self._previous_sigterm = None
+        self._stopping = False
+        self._pending_signal = None
 
     # -- iteration detection -------------------------------------------------------------
     def install(self) -> None:
@@ -132,6 +137,7 @@ class Recorder:
             self.notes.append(f"window {window}: the script runs its own torch.profiler; bprof stepped aside")
             print(f"bprof: rank {self.rank}: the script runs its own torch.profiler; bprof steps aside "
                   f"for window {window}", file=sys.stderr)
+            self._write_meta()
             return
         self._share_run_id()
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # never initialise CUDA ourselves
@@ -151,6 +157,8 @@ class Recorder:
         prof.record_steps = True  # without a schedule torch would not write ProfilerStep ranges
         self.window, self.window_t0_ns = window, time.time_ns()
         gc.callbacks.append(self._on_gc)
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self.p2p.entries, self.p2p.recording = [], True
         prof.start()
         self.prof = prof
@@ -158,13 +166,28 @@ class Recorder:
     def _stop(self, partial: bool = False) -> None:
         prof, window = self.prof, self.window
         self.prof = None
+        self._stopping = True
+        try:
+            self._finish_window(prof, window, partial)
+        finally:
+            self._stopping = False
+            if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+                self._previous_sigterm = None
+            if self._pending_signal is not None:  # a SIGTERM came while the trace was being written
+                signal.signal(self._pending_signal, signal.SIG_DFL)
+                os.kill(os.getpid(), self._pending_signal)
+
+    def _finish_window(self, prof, window: Window, partial: bool) -> None:
         prof.stop()
         self.p2p.recording = False
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         t1_ns = time.time_ns()
         trace = self._path("traces", window, "json.gz")
-        prof.export_chrome_trace(str(trace))
+        partial_file = trace.with_name(f"rank{self.rank}.tmp.json.gz")  # never leave a half-written trace
+        prof.export_chrome_trace(str(partial_file))
+        partial_file.replace(trace)
         if self.clock_shift_ns:
             _shift_trace_clock(trace, self.clock_shift_ns)
         num_fr = self._dump_flight_recorder(window, self.window_t0_ns, t1_ns)
@@ -179,6 +202,17 @@ class Recorder:
         if self.prof is not None:
             self.notes.append(f"window {self.window} ended early (the script stopped at iteration {self.iteration})")
             self._stop(partial=True)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        """The launcher stops the survivors when a peer dies: keep their open window, then die as asked."""
+        if self._stopping:  # the window is being written (at exit, say): die once it is
+            self._pending_signal = signum
+            return
+        try:
+            self.close()
+        finally:
+            signal.signal(signum, self._previous_sigterm or signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         """Python GC pauses as `bprof/gc.gen<N>` ranges in the trace (a straggler cause at scale)."""

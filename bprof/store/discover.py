@@ -35,7 +35,7 @@ class RunFiles:
 
 def is_trace_name(path: Path) -> bool:
     name = path.name
-    if name in _NOT_TRACES or ".et." in name or name.endswith(".fr.json") or "meta" in path.parent.parts:
+    if name in _NOT_TRACES or ".et." in name or ".tmp." in name or name.endswith(".fr.json") or "meta" in path.parent.parts:
         return False
     return name.endswith(".json") or name.endswith(".json.gz")
 
