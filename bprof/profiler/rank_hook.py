@@ -62,6 +62,7 @@ class Recorder:
         self.window: Window | None = None
         self.window_t0_ns = 0
         self.captured: list[dict] = []
+        self.clock_samples: list[dict] = []
         self.notes: list[str] = []
         self.model: dict = {}
         self.trigger_mtime = None
@@ -140,6 +141,7 @@ class Recorder:
             self._write_meta()
             return
         self._share_run_id()
+        self._clock_sync(f"start:{window}")
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # never initialise CUDA ourselves
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         kwargs = {}
@@ -184,6 +186,8 @@ class Recorder:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
         t1_ns = time.time_ns()
+        if not partial:  # a dying job cannot be asked for ping-pongs
+            self._clock_sync(f"end:{window}")
         trace = self._path("traces", window, "json.gz")
         partial_file = trace.with_name(f"rank{self.rank}.tmp.json.gz")  # never leave a half-written trace
         prof.export_chrome_trace(str(partial_file))
@@ -244,6 +248,17 @@ class Recorder:
         path.write_text(json.dumps({"version": dump.get("version"), "entries": entries}))
         return len(entries)
 
+    def _clock_sync(self, phase: str) -> None:
+        from bprof.profiler import clock_sync
+
+        try:
+            samples = clock_sync.exchange(phase, self.rank, self.world_size, self.clock_shift_ns)
+        except Exception as exc:
+            self.notes.append(f"clock sync {phase} failed: {type(exc).__name__}: {exc}")
+            return
+        if samples:
+            self.clock_samples.append({"phase": phase, "reference_rank": 0, "samples": samples})
+
     # -- metadata --------------------------------------------------------------------------
     def _share_run_id(self) -> None:
         """Every host's launcher made its own id; the job takes rank 0's, via the job's store."""
@@ -277,6 +292,7 @@ class Recorder:
             "windows_captured": self.captured,
             "notes": self.notes,
             "model": self.model or _declared_model_flops(self.options),
+            "clock_sync": self.clock_samples,
         } | _environment_facts()
         path = self.run_dir / "meta" / f"rank{self.rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

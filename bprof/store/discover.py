@@ -20,17 +20,10 @@ _NOT_TRACES = {"truth.json"}
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The files of one run and the name the run gets by default.
-
-    `meta_dir` is set for `bprof record` run directories: per-rank metadata lives in
-    meta_dir/rank<R>.json and the window's Flight Recorder entries in
-    meta_dir/<window>/rank<R>.fr.json.
-    """
+    """The files of one run and the name the run gets by default."""
 
     default_name: str
     files: tuple[Path, ...]
-    meta_dir: Path | None = None
-    window: str | None = None
 
 
 def is_trace_name(path: Path) -> bool:
@@ -46,6 +39,7 @@ def discover(paths: list[Path]) -> list[RunFiles]:
         raise UsageError("no trace path given")
     loose: list[Path] = []
     runs: list[RunFiles] = []
+    recorded_windows: dict[str, list[Path]] = {}  # bprof record directories: hosts merge per window
     for path in paths:
         path = Path(path)
         if not path.exists():
@@ -53,27 +47,45 @@ def discover(paths: list[Path]) -> list[RunFiles]:
         if path.is_file():
             loose.append(path)
             continue
-        recorded = (path / "traces").is_dir() and (path / "meta").is_dir()  # a bprof record run directory
+        recorded = (path / "traces").is_dir() and (path / "meta").is_dir()
         base = path / "traces" if recorded else path
-        meta_dir = path / "meta" if recorded else None
         iterations = sorted((d for d in base.iterdir() if d.is_dir() and _ITERATION_DIR.match(d.name)),
                             key=lambda d: int(d.name.split("_")[1]))
+        if recorded:
+            for d in iterations:
+                recorded_windows.setdefault(d.name, []).extend(_trace_files(d))
+            if not iterations:
+                raise UsageError(f"{path}: a bprof record directory with no captured window")
+            continue
         if iterations:
             for d in iterations:
                 files = _trace_files(d)
                 if files:
-                    name = _dir_name(path) if recorded and len(iterations) == 1 else f"{_dir_name(path)}-{d.name}"
-                    runs.append(RunFiles(name, files, meta_dir, d.name))
+                    runs.append(RunFiles(f"{_dir_name(path)}-{d.name}", files))
             continue
         files = _trace_files(path)
         if not files:
             raise UsageError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
         loose.extend(files)
+    first = Path(paths[0])
+    for window, files in sorted(recorded_windows.items(), key=lambda item: int(item[0].split("_")[1])):
+        name = _dir_name(first) if len(recorded_windows) == 1 else f"{_dir_name(first)}-{window}"
+        runs.append(RunFiles(name, tuple(sorted(files))))
     if loose:
-        first = Path(paths[0])
         name = _dir_name(first) if first.is_dir() else _file_stem(first)
         runs.insert(0, RunFiles(name, tuple(sorted(set(loose)))))
     return runs
+
+
+def record_meta_paths(trace: Path, rank: int) -> tuple[Path, Path] | None:
+    """For a trace in a `bprof record` directory (run/traces/iteration_N/rankR.json.gz): its rank's
+    metadata (run/meta/rankR.json) and the window's Flight Recorder entries
+    (run/meta/iteration_N/rankR.fr.json); None for other traces."""
+    window, traces = trace.parent, trace.parent.parent
+    if traces.name != "traces" or not _ITERATION_DIR.match(window.name):
+        return None
+    meta = traces.parent / "meta"
+    return meta / f"rank{rank}.json", meta / window.name / f"rank{rank}.fr.json"
 
 
 def rank_of(path: Path, metadata: dict, explicit: int | None) -> int:

@@ -21,7 +21,7 @@ from typing import Callable
 import duckdb
 
 from bprof.errors import DataError, UsageError
-from bprof.store.discover import RunFiles, discover, rank_of
+from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.kineto_file import SplitTrace, split_trace
 
 _MALFORMED = re.compile(r'file "([^"]+)", at byte (\d+)(?: in record/value \d+)?: (.*)', re.DOTALL)
@@ -119,10 +119,9 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
             if progress:
                 progress(done, len(run.files))
     _run_sql(con, "ingest_collectives.sql", run_id)
-    recorded = _load_recorded_meta(con, run, seen_ranks)
-    if recorded:
-        _run_sql(con, "ingest_flight_recorder.sql", run_id)
-        con.execute("DROP TABLE _flight_recorder")
+    recorded = _load_recorded_meta(con, run_id, seen_ranks)
+    _run_sql(con, "ingest_flight_recorder.sql", run_id)
+    con.execute("DROP TABLE _flight_recorder")
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)
@@ -168,16 +167,19 @@ def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: d
     con.execute("DROP TABLE _batch_steps; DROP TABLE _batch_files")
 
 
-def _load_recorded_meta(con, run: RunFiles, ranks) -> dict[int, dict]:
-    """`bprof record` directories: per-rank metadata, and Flight Recorder entries into a temp table."""
-    if run.meta_dir is None:
-        return {}
-    metas, rows = {}, []
-    for rank in ranks:
-        meta_path = run.meta_dir / f"rank{rank}.json"
+def _load_recorded_meta(con, run_id: int, ranks: dict[int, Path]) -> dict[int, dict]:
+    """`bprof record` traces: per-rank metadata and clock samples into the store, and the
+    window's Flight Recorder entries into the temp table _flight_recorder."""
+    metas, rows, clock_rows = {}, [], []
+    for rank, trace in ranks.items():
+        paths = record_meta_paths(trace, rank)
+        if paths is None:
+            continue
+        meta_path, fr_path = paths
         if meta_path.exists():
-            metas[rank] = _read_json(meta_path)
-        fr_path = run.meta_dir / (run.window or "") / f"rank{rank}.fr.json"
+            metas[rank] = meta = _read_json(meta_path)
+            for sync in meta.get("clock_sync") or []:
+                clock_rows += [[run_id, rank, sync["reference_rank"], sync["phase"], *sample] for sample in sync["samples"]]
         if fr_path.exists():
             for e in _read_json(fr_path).get("entries", []):
                 pg = e.get("process_group") or [None, None]
@@ -186,6 +188,8 @@ def _load_recorded_meta(con, run: RunFiles, ranks) -> dict[int, dict]:
                              e.get("profiling_name"), e.get("time_created_ns"), e.get("time_done_ns"),
                              bool(e.get("is_p2p")), e.get("peer_rank"),
                              (e.get("input_dtypes") or [None])[0], _numel(sizes_in), _numel(sizes_out)])
+    if clock_rows:
+        con.executemany("INSERT INTO clock_samples VALUES (?, ?, ?, ?, ?, ?, ?)", clock_rows)
     con.execute("""CREATE OR REPLACE TEMP TABLE _flight_recorder (rank INTEGER, pg_name VARCHAR, pg_desc VARCHAR,
                    seq BIGINT, profiling_name VARCHAR, time_created_ns BIGINT, time_done_ns BIGINT, is_p2p BOOLEAN,
                    peer_rank INTEGER, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT)""")

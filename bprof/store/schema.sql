@@ -209,6 +209,24 @@ COMMENT ON COLUMN steps.step IS 'Step number N of ProfilerStep#N.';
 COMMENT ON COLUMN steps.ts_ns IS 'Start of the step on the CPU, own clock.';
 COMMENT ON COLUMN steps.dur_ns IS 'CPU duration of the step range.';
 
+CREATE TABLE clock_samples (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    reference_rank INTEGER NOT NULL,
+    phase VARCHAR NOT NULL,
+    send_ns BIGINT NOT NULL,
+    reference_ns BIGINT NOT NULL,
+    recv_ns BIGINT NOT NULL
+);
+COMMENT ON TABLE clock_samples IS 'Clock ping-pongs between each host''s first rank and global rank 0 (bprof record), for clock alignment.';
+COMMENT ON COLUMN clock_samples.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN clock_samples.rank IS 'The rank that sent the ping (its host''s first rank).';
+COMMENT ON COLUMN clock_samples.reference_rank IS 'The rank that answered (global rank 0).';
+COMMENT ON COLUMN clock_samples.phase IS 'When: start:<window> or end:<window>.';
+COMMENT ON COLUMN clock_samples.send_ns IS 'Ping sent, on the sender''s clock.';
+COMMENT ON COLUMN clock_samples.reference_ns IS 'Ping answered, on the reference rank''s clock.';
+COMMENT ON COLUMN clock_samples.recv_ns IS 'Answer received, on the sender''s clock; the offset estimate reference_ns - (send_ns + recv_ns) / 2 is off by at most half of recv_ns - send_ns.';
+
 CREATE TABLE metrics (
     run_id INTEGER NOT NULL,
     name VARCHAR NOT NULL,

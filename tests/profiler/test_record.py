@@ -152,3 +152,42 @@ def test_failure_before_the_window_says_nothing_was_captured(tmp_path):
     done = record(tmp_path, "--steps", "50:52", script_args=["--steps", "3", "--exit-code", "5"])
     assert done.returncode == 5
     assert "nothing was captured" in done.stderr and "exited with 5" in done.stderr
+
+
+def test_two_hosts_on_localhost_make_one_run_with_clock_samples(tmp_path):
+    """Two torchrun --nnodes=2 agents, each under its own bprof record; the second "host" has
+    another host name and a clock 5 s ahead (test-only variables of the recorder)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    shift_ns = 5_000_000_000
+    procs = []
+    for node, extra in ((0, {}), (1, {"BPROF_HOSTNAME": "fakehost-b", "BPROF_TEST_CLOCK_SHIFT_NS": str(shift_ns)})):
+        cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(tmp_path / f"host{node}"), "--no-ingest",
+               "--steps", "2:4", "--", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+               "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", str(TOY), "--steps", "6"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1", **extra}))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    done = subprocess.run([sys.executable, "-m", "bprof.cli.main", "ingest", str(tmp_path / "host0"), str(tmp_path / "host1"),
+                           "--db", str(tmp_path / "s.duckdb")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    con = store(tmp_path)
+    assert con.execute("SELECT count(*), bool_and(consistent), any_value(missing_ranks) FROM runs").fetchone() == (1, True, [])
+    hosts = con.execute("SELECT rank, host FROM ranks ORDER BY rank").fetchall()
+    assert [h for _, h in hosts][2:] == ["fakehost-b", "fakehost-b"] and hosts[0][1] == hosts[1][1] != "fakehost-b"
+    metas = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("host*/meta/rank*.json"))]
+    assert len({m["run_id"] for m in metas}) == 1  # the job took rank 0's id, through the store
+    rows = con.execute("""SELECT rank, reference_rank, phase, count(*),
+                                 median(reference_ns - (send_ns + recv_ns) / 2), max(recv_ns - send_ns)
+                          FROM clock_samples GROUP BY ALL ORDER BY phase""").fetchall()
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(2, 0, "end:2:4", 16), (2, 0, "start:2:4", 16)]
+    for *_, offset_ns, worst_rtt_ns in rows:
+        assert abs(offset_ns + shift_ns) < max(worst_rtt_ns, 50_000_000)  # the reference is 5 s behind host b
+    # the shifted host's steps really are 5 s later on its own clock
+    lag = con.execute("SELECT max(ts_ns) FILTER (WHERE rank = 2) - max(ts_ns) FILTER (WHERE rank = 0) FROM steps WHERE step = 2").fetchone()[0]
+    assert abs(lag - shift_ns) < 1_000_000_000
