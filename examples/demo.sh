@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: a real 4-rank torchrun of the example GPT trainer (TP=2 x DP=2, gloo on CPU),
-# profiled on every rank, ingested into a DuckDB store and summarised. Then a synthetic
-# 8-GPU run with planted ground truth, to show the GPU/NCCL paths on a machine without a GPU.
+# The main job: `bprof record` runs a real 4-rank torchrun of the example GPT trainer (TP=2 x
+# DP=2, gloo on CPU) with no change to its code, captures iterations 3-5 on every rank, ingests
+# them into a DuckDB store and summarises the run. Then a synthetic 8-GPU NCCL run with planted
+# ground truth shows the GPU/NCCL paths on a machine without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=runs/demo
@@ -9,19 +10,17 @@ rm -rf "$out"
 mkdir -p "$out"
 db="$out/bprof.duckdb"
 
-echo "== recording: torchrun --nproc_per_node=4 examples/train_gpt.py --tp 2 --dp 2 (CPU, gloo)"
-OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node=4 \
-    examples/train_gpt.py --tp 2 --dp 2 --steps 8 --profile-dir "$out/traces" --profile-steps 3:6 \
-    > "$out/train.log" 2>&1 || { cat "$out/train.log"; exit 1; }
-grep -E '^bprof-(model|step)' "$out/train.log" | tail -n 3
-
-echo "== ingest"
-bprof ingest "$out/traces" --db "$db" --name demo-tp2-dp2
-bprof runs --db "$db"
+echo "== bprof record -- torchrun --nproc_per_node=4 examples/train_gpt.py --tp 2 --dp 2 (CPU, gloo)"
+OMP_NUM_THREADS=1 bprof record --out "$out/record" --name demo-tp2-dp2 --steps 3:6 --db "$db" -- \
+    python -m torch.distributed.run --standalone --nproc_per_node=4 \
+    examples/train_gpt.py --tp 2 --dp 2 --steps 8 > "$out/train.log" 2> "$out/record.log" \
+    || { cat "$out/train.log" "$out/record.log"; exit 1; }
+grep -E '^bprof-(model|step)' "$out/train.log" | tail -n 2
+grep -v -E '^(USDT|\s*$)' "$out/record.log" | grep -E '^(bprof|│|┃|┏|┡|└|┗|\s+run)' || true
 bprof info demo-tp2-dp2 --db "$db"
 
 echo "== a synthetic 8-GPU NCCL run (tp=2 pp=2 dp=2, rank 3 slowed) with its planted truth"
 python -m bprof.synth "$out/synthetic" --tp 2 --pp 2 --dp 2 --hosts 2 --slow-rank 3
 bprof ingest "$out/synthetic" --db "$db" --name synthetic-tp2-pp2-dp2
-bprof info synthetic-tp2-pp2-dp2 --db "$db"
-echo "== done: store at $db"
+bprof runs --db "$db"
+echo "== done: store at $db; run directory $out/record"

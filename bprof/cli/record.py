@@ -47,9 +47,29 @@ def record(
                     typer.echo(f"bprof: warning: run {r.name}: {warning}", err=True)
                 typer.echo(f"bprof: ingested run {r.run_id} ({r.name}): {r.num_ranks} ranks, "
                            f"{r.num_events:,} events into {db}", err=True)
+                _summary(con, r.run_id)
         finally:
             con.close()
     raise typer.Exit(result.exit_code)
+
+
+def _summary(con, run_id: int) -> None:
+    """Steps captured per rank and their time (the time split joins once analysis exists)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("rank", "host", "steps", "median step", "slowest step", title=f"run {run_id}")
+    for rank, host, steps, median_ns, max_ns in con.execute("""
+            SELECT k.rank, k.host, list(s.step ORDER BY s.step), median(s.dur_ns), max(s.dur_ns)
+            FROM ranks k LEFT JOIN steps s USING (run_id, rank) WHERE k.run_id = ? GROUP BY ALL ORDER BY k.rank""",
+            [run_id]).fetchall():
+        shown = f"{steps[0]}-{steps[-1]}" if steps and steps[0] is not None else "none"
+        table.add_row(str(rank), host or "", shown, _ms(median_ns), _ms(max_ns))
+    Console(stderr=True).print(table)
+
+
+def _ms(ns) -> str:
+    return "" if ns is None else f"{ns / 1e6:.1f} ms"
 
 
 def _ranks(ranks: list[int]) -> str:

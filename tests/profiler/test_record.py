@@ -191,3 +191,23 @@ def test_two_hosts_on_localhost_make_one_run_with_clock_samples(tmp_path):
     # the shifted host's steps really are 5 s later on its own clock
     lag = con.execute("SELECT max(ts_ns) FILTER (WHERE rank = 2) - max(ts_ns) FILTER (WHERE rank = 0) FROM steps WHERE step = 2").fetchone()[0]
     assert abs(lag - shift_ns) < 1_000_000_000
+
+
+def test_window_contents_gc_pauses_annotations_memory_and_execution_trace(tmp_path):
+    done = record(tmp_path, "--steps", "2:4", "--memory", "--execution-trace",
+                  script_args=["--steps", "5", "--gc", "--annotate"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    con = store(tmp_path)
+    names = dict(con.execute("""SELECT name, count(*) FROM events
+                                WHERE name IN ('bprof/gc.gen2', 'toy/forward', '[memory]') GROUP BY name""").fetchall())
+    assert names.get("bprof/gc.gen2", 0) >= 2 and names.get("toy/forward") == 2 and names.get("[memory]", 0) > 0
+    et = json.loads((tmp_path / "run" / "traces" / "iteration_2" / "rank0.et.json").read_text())
+    assert et["nodes"] and "schema" in et
+
+
+def test_injected_hook_imports_nothing_heavy_and_stays_inert_without_torch(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nprint('heavy:', sorted(m for m in ('torch', 'duckdb', 'numpy', 'pandas') if m in sys.modules))\n")
+    done = record(tmp_path, "--steps", "2:4", script=probe)
+    assert "heavy: []" in done.stdout
+    assert done.returncode == 0 and "nothing was captured" in done.stderr

@@ -21,6 +21,8 @@ p.add_argument("--kill-rank", type=int, default=None)
 p.add_argument("--kill-at", type=int, default=3)
 p.add_argument("--own-profiler", default=None, help="A:B: run torch.profiler over these iterations")
 p.add_argument("--no-optimizer", action="store_true", help="plain loop, iterations marked with bprof.step()")
+p.add_argument("--gc", action="store_true", help="a full garbage collection every iteration")
+p.add_argument("--annotate", action="store_true", help="wrap the forward in bprof.annotate('toy/forward')")
 args = p.parse_args()
 
 distributed = "RANK" in os.environ
@@ -43,7 +45,17 @@ for i in range(args.steps):
         own = None
     if args.kill_rank == rank and i == args.kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
-    loss = model(torch.randn(16, 32)).pow(2).mean()
+    if args.gc:
+        import gc
+
+        gc.collect()
+    if args.annotate:
+        import bprof
+
+        with bprof.annotate("toy/forward"):
+            loss = model(torch.randn(16, 32)).pow(2).mean()
+    else:
+        loss = model(torch.randn(16, 32)).pow(2).mean()
     loss.backward()
     if args.no_optimizer:
         with torch.no_grad():
