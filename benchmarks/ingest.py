@@ -67,7 +67,9 @@ elif tool == 'orjson':
 elif tool == 'duckdb':
     import duckdb
     arrays = [str(p) for p in paths]
-    duckdb.connect().execute(
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    con.execute(
         "SELECT count(*), sum(length(args)) FROM read_json(?, format='array', columns={ph:'VARCHAR', cat:'VARCHAR', "
         "name:'VARCHAR', pid:'VARCHAR', tid:'VARCHAR', ts:'DECIMAL(22,3)', dur:'DECIMAL(22,3)', id:'VARCHAR', args:'JSON'})",
         [arrays]).fetchall()
