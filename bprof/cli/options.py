@@ -17,7 +17,3 @@ def print_json(value) -> None:
     import orjson
 
     typer.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS, default=str).decode())
-
-
-def db_path(db: Path) -> Path:
-    return Path(db)
