@@ -131,7 +131,7 @@ def test_sigusr1_captures_the_next_steps_of_a_running_job(tmp_path):
 
 
 def test_a_script_with_its_own_profiler_still_runs(tmp_path):
-    done = record(tmp_path, "--steps", "2:4", nproc=2, script_args=["--steps", "6", "--own-profiler", "1:5"],
+    done = record(tmp_path, "--steps", "2:4", nproc=2, script_args=["--steps", "6", "--own-profiler", "1:5", "--hard-exit"],
                   env={"OWN_TRACE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "own_rank0.json").exists() and (tmp_path / "own_rank1.json").exists()
