@@ -121,7 +121,7 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     _run_sql(con, "ingest_collectives.sql", run_id)
     recorded = _load_recorded_meta(con, run_id, seen_ranks)
     _run_sql(con, "ingest_flight_recorder.sql", run_id)
-    con.execute("DROP TABLE _flight_recorder")
+    con.execute("DROP TABLE _flight_recorder; DROP TABLE _pg_members")
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)

@@ -5,6 +5,12 @@
 -- Algorithm: a Flight Recorder entry is created inside its c10d call, so it belongs to the
 -- latest call of the same op on its rank that started at or before the entry's creation time
 -- (ASOF join) and had not ended by then. Both times come from the same process clock.
+-- The members of every process group each rank knew (its trace's distributedInfo.pg_config).
+CREATE OR REPLACE TEMP TABLE _pg_members AS
+SELECT rank, pg ->> '$.pg_name' AS pg_name, TRY_CAST(pg -> '$.ranks' AS INTEGER[]) AS ranks
+FROM (SELECT rank, unnest(TRY_CAST(distributed_info -> '$.pg_config' AS JSON[])) AS pg
+      FROM ranks WHERE run_id = $run_id);
+
 UPDATE collectives c
 SET pg_name = m.pg_name,
     pg_desc = m.pg_desc,
@@ -23,11 +29,7 @@ FROM (
     ASOF JOIN (SELECT rank, call_index, op, cpu_ts_ns, cpu_ts_ns + cpu_dur_ns AS cpu_end_ns
                FROM collectives WHERE run_id = $run_id AND cpu_ts_ns IS NOT NULL) k
       ON f.rank = k.rank AND f.op = k.op AND f.time_created_ns >= k.cpu_ts_ns
-    LEFT JOIN (
-        SELECT rank, pg ->> '$.pg_name' AS pg_name, TRY_CAST(pg -> '$.ranks' AS INTEGER[]) AS ranks
-        FROM (SELECT rank, unnest(TRY_CAST(distributed_info -> '$.pg_config' AS JSON[])) AS pg
-              FROM ranks WHERE run_id = $run_id)
-    ) g ON g.rank = f.rank AND g.pg_name = f.pg_name
+    LEFT JOIN _pg_members g ON g.rank = f.rank AND g.pg_name = f.pg_name
     WHERE f.time_created_ns <= k.cpu_end_ns
 ) m
 WHERE c.run_id = $run_id AND c.rank = m.rank AND c.call_index = m.call_index;
@@ -46,11 +48,7 @@ FROM (
           WHERE run_id = $run_id AND is_p2p AND cpu_ts_ns IS NOT NULL) k
     ASOF JOIN (SELECT *, bprof_canon_op(profiling_name) AS op FROM _flight_recorder WHERE is_p2p) f
       ON f.rank = k.rank AND f.op = k.op AND k.cpu_ts_ns >= f.time_created_ns
-    LEFT JOIN (
-        SELECT rank, pg ->> '$.pg_name' AS pg_name, TRY_CAST(pg -> '$.ranks' AS INTEGER[]) AS ranks
-        FROM (SELECT rank, unnest(TRY_CAST(distributed_info -> '$.pg_config' AS JSON[])) AS pg
-              FROM ranks WHERE run_id = $run_id)
-    ) g ON g.rank = f.rank AND g.pg_name = f.pg_name
+    LEFT JOIN _pg_members g ON g.rank = f.rank AND g.pg_name = f.pg_name
     WHERE k.cpu_ts_ns <= f.time_done_ns
 ) m
 WHERE c.run_id = $run_id AND c.rank = m.rank AND c.call_index = m.call_index;
