@@ -26,7 +26,6 @@ def set_model_flops(model_flops_per_step: float, executed_flops_per_step: float 
         rec.model = {"model_flops_per_step": float(model_flops_per_step),
                      "executed_flops_per_step": None if executed_flops_per_step is None else float(executed_flops_per_step),
                      **extra}
-        rec._write_meta()
 
 
 class annotate(contextlib.ContextDecorator):

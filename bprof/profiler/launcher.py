@@ -93,7 +93,8 @@ def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
     path = [str(INJECT_DIR), str(Path(__file__).resolve().parents[2])]  # the hook, and bprof itself
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
-    single = Path(options.command[0]).name.startswith("python") and "torch.distributed.run" not in options.command
+    launchers = {"torch.distributed.run", "torch.distributed.launch"}
+    single = Path(options.command[0]).name.startswith("python") and not launchers & set(options.command)
     env.update({
         "PYTHONPATH": os.pathsep.join(path),
         "BPROF_RUN_DIR": str(run_dir),

@@ -81,8 +81,7 @@ class Recorder:
         self.handle = register_optimizer_step_post_hook(self._on_optimizer_step)
         self.p2p = P2PLog(self.rank)
         self.p2p.install()
-        atexit.register(self.close)
-        self._write_meta()
+        atexit.register(self.close)  # metadata is written once a window starts or is declined
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         if self.explicit_steps:

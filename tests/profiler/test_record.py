@@ -113,14 +113,13 @@ def test_killed_rank_leaves_a_partial_run(tmp_path):
 def test_sigusr1_captures_the_next_steps_of_a_running_job(tmp_path):
     cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(tmp_path / "run"), "--db", str(tmp_path / "s.duckdb"),
            "--steps", "1000:1001", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc_per_node=2", str(TOY), "--steps", "60", "--sleep-ms", "100", "--hard-exit"]
+           "--nproc_per_node=2", str(TOY), "--steps", "60", "--sleep-ms", "100", "--hard-exit",
+           "--ready-file", str(tmp_path / "ready")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    meta = tmp_path / "run" / "meta" / "rank1.json"
     deadline = time.time() + 120
-    while not meta.exists() and time.time() < deadline:
+    while not (tmp_path / "ready").exists() and time.time() < deadline:  # the job is training
         time.sleep(0.2)
-    time.sleep(1.0)
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]

@@ -22,6 +22,7 @@ p.add_argument("--kill-at", type=int, default=3)
 p.add_argument("--own-profiler", default=None, help="A:B: run torch.profiler over these iterations")
 p.add_argument("--no-optimizer", action="store_true", help="plain loop, iterations marked with bprof.step()")
 p.add_argument("--gc", action="store_true", help="a full garbage collection every iteration")
+p.add_argument("--ready-file", default=None, help="touched after the first iteration")
 p.add_argument("--hard-exit", action="store_true",
                help="leave with os._exit: torch 2.13 sometimes aborts at interpreter exit after its profiler ran "
                     "next to gloo ('terminate called without an active exception', 1 run in 6 without bprof)")
@@ -73,6 +74,8 @@ for i in range(args.steps):
         opt.zero_grad()
     if args.sleep_ms:
         time.sleep(args.sleep_ms / 1000)
+    if args.ready_file and i == 0 and rank == 0:
+        open(args.ready_file, "w").close()
 print(f"toy rank {rank} done", flush=True)
 if distributed:
     dist.destroy_process_group()
