@@ -121,7 +121,7 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     _run_sql(con, "ingest_collectives.sql", run_id)
     recorded = _load_recorded_meta(con, run_id, seen_ranks)
     _run_sql(con, "ingest_flight_recorder.sql", run_id)
-    con.execute("DROP TABLE _flight_recorder; DROP TABLE _pg_members")
+    con.execute("DROP TABLE _flight_recorder; DROP TABLE _pg_members; DROP TABLE _fr_files")
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)
@@ -169,8 +169,8 @@ def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: d
 
 def _load_recorded_meta(con, run_id: int, ranks: dict[int, Path]) -> dict[int, dict]:
     """`bprof record` traces: per-rank metadata and clock samples into the store, and the
-    window's Flight Recorder entries into the temp table _flight_recorder."""
-    metas, rows, clock_rows = {}, [], []
+    window's Flight Recorder entries into the temp table _flight_recorder (read by DuckDB)."""
+    metas, fr_files, clock_rows = {}, [], []
     for rank, trace in ranks.items():
         paths = record_meta_paths(trace, rank)
         if paths is None:
@@ -181,33 +181,22 @@ def _load_recorded_meta(con, run_id: int, ranks: dict[int, Path]) -> dict[int, d
             for sync in meta.get("clock_sync") or []:
                 clock_rows += [[run_id, rank, sync["reference_rank"], sync["phase"], *sample] for sample in sync["samples"]]
         if fr_path.exists():
-            for e in _read_json(fr_path).get("entries", []):
-                pg = e.get("process_group") or [None, None]
-                sizes_in, sizes_out = e.get("input_sizes") or [], e.get("output_sizes") or []
-                rows.append([rank, pg[0], pg[1], e.get("p2p_seq_id") if e.get("is_p2p") else e.get("collective_seq_id"),
-                             e.get("profiling_name"), e.get("time_created_ns"), e.get("time_done_ns"),
-                             bool(e.get("is_p2p")), e.get("peer_rank"),
-                             (e.get("input_dtypes") or [None])[0], _numel(sizes_in), _numel(sizes_out)])
+            fr_files.append([str(fr_path), rank])
     if clock_rows:
         con.executemany("INSERT INTO clock_samples VALUES (?, ?, ?, ?, ?, ?, ?)", clock_rows)
-    con.execute("""CREATE OR REPLACE TEMP TABLE _flight_recorder (rank INTEGER, pg_name VARCHAR, pg_desc VARCHAR,
-                   seq BIGINT, profiling_name VARCHAR, time_created_ns BIGINT, time_done_ns BIGINT, is_p2p BOOLEAN,
-                   peer_rank INTEGER, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT)""")
-    if rows:
-        con.executemany("INSERT INTO _flight_recorder VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute("CREATE OR REPLACE TEMP TABLE _fr_files (path VARCHAR, rank INTEGER)")
+    if fr_files:
+        con.executemany("INSERT INTO _fr_files VALUES (?, ?)", fr_files)
+    if not fr_files:  # not a bprof record run: an empty table, so one code path follows
+        con.execute("""CREATE OR REPLACE TEMP TABLE _flight_recorder (rank INTEGER, pg_name VARCHAR, pg_desc VARCHAR,
+                       seq BIGINT, profiling_name VARCHAR, time_created_ns BIGINT, time_done_ns BIGINT,
+                       is_p2p BOOLEAN, peer_rank INTEGER, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT)""")
+        return metas
+    try:
+        _run_sql(con, "ingest_fr_entries.sql", None, {"paths": [p for p, _ in fr_files]})
+    except duckdb.Error as exc:
+        raise DataError(f"{', '.join(p for p, _ in fr_files)}: unreadable Flight Recorder entries ({exc})") from None
     return metas
-
-
-def _numel(sizes: list) -> int | None:
-    if not sizes:
-        return None
-    total = 0
-    for shape in sizes:
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    return total
 
 
 def _read_json(path: Path) -> dict:
