@@ -119,7 +119,7 @@ def split_arrays(paths: list[Path], out: Path) -> list[Path]:
 
 
 def inputs(quick: bool) -> list[tuple[str, list[Path], bool]]:
-    """(label, paths, hta_can_load): HTA needs a directory of rank traces."""
+    """(label, paths, what HTA loads): HTA needs a plain directory of rank traces (True: paths[0])."""
     found = []
     if SHARED.exists():
         for name in ("a100_ddp_nccl_rank0", "a100_ws16_rank0", "v100_ns_resolution_rank0", "v100_resnet50_legacy_2021"):
@@ -133,9 +133,9 @@ def inputs(quick: bool) -> list[tuple[str, list[Path], bool]]:
         write_run(Scenario(tp=2, pp=2, dp=2, steps=4, hosts=2, events_scale=2.0, seed=1), synthetic, pretty=True)
         (synthetic / "truth.json").rename(DATA / "synthetic-8rank.truth.json")
     found.append(("synthetic 8 ranks (tp2 pp2 dp2)", [synthetic], True))
-    demo = ROOT / "runs" / "demo" / "traces"
+    demo = ROOT / "runs" / "demo" / "record"  # written by `make demo` (bprof record of train_gpt)
     if demo.exists():
-        found.append(("recorded 4 ranks (train_gpt tp2 dp2, gloo)", [demo], True))
+        found.append(("recorded 4 ranks (train_gpt tp2 dp2, gloo)", [demo], next((demo / "traces").iterdir())))
     if not quick:
         large = DATA / "large-2GB" / "rank0.json"
         if not large.exists():
@@ -158,7 +158,7 @@ def main() -> None:
     DATA.mkdir(exist_ok=True)
     hta = None if args.no_hta else hta_python()
     rows = []
-    for label, paths, hta_ok in inputs(args.quick):
+    for label, paths, hta_input in inputs(args.quick):
         if args.only not in label:
             continue
         print(f"\n== {label}")
@@ -169,7 +169,8 @@ def main() -> None:
             big = mb is not None and mb > 1000
             results["orjson"] = None if big else measure(sys.executable, "orjson", paths, args.repeat)
             results["duckdb"] = measure(sys.executable, "duckdb", arrays, 1 if big else args.repeat)
-            results["hta"] = measure(hta, "hta", paths, args.repeat) if hta and hta_ok else None
+            hta_paths = paths if hta_input is True else [hta_input] if hta_input else None
+            results["hta"] = measure(hta, "hta", hta_paths, args.repeat) if hta and hta_paths else None
         for tool, r in results.items():
             if r:
                 print(f"  {tool:7s} {mb / r['wall_s']:8.1f} MB/s  wall {r['wall_s']:7.2f} s  cpu {r['cpu_s']:7.2f} s  "
