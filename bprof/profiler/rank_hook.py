@@ -108,8 +108,12 @@ class Recorder:
                 return
         while self.windows and self.windows[0].end <= iteration:
             self.notes.append(f"window {self.windows.pop(0)} was already past when bprof saw it")
-        if self.windows and self.windows[0].start == iteration:
-            self._start(self.windows.pop(0))
+        if self.windows and self.windows[0].start <= iteration:
+            window = self.windows.pop(0)
+            if window.start < iteration:  # e.g. 0:3, since the first boundary bprof sees is iteration 1
+                self.notes.append(f"window {window} started late, at iteration {iteration}")
+                window = Window(iteration, window.end)
+            self._start(window)
 
     def _check_trigger(self) -> None:
         trigger = self.run_dir / "trigger"

@@ -36,3 +36,16 @@ def test_several_optimizers_in_one_iteration_count_once(tmp_path, monkeypatch):
         rec._on_optimizer_step(dense, (), {})
         rec._on_optimizer_step(sparse, (), {})
     assert seen == [1, 2, 3]
+
+
+def test_a_window_bprof_reaches_late_starts_late(tmp_path, monkeypatch):
+    monkeypatch.setenv("BPROF_STEPS", "0:3,5:6")
+    from bprof.profiler.rank_hook import Recorder
+
+    rec = Recorder(tmp_path)
+    started = []
+    monkeypatch.setattr(rec, "_start", lambda w: started.append(w))
+    for k in range(1, 7):
+        rec.boundary(k)
+    assert started == [Window(1, 3), Window(5, 6)]
+    assert rec.notes == ["window 0:3 started late, at iteration 1"]
