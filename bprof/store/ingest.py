@@ -14,7 +14,6 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +22,7 @@ import duckdb
 from bprof.errors import DataError, UsageError
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.kineto_file import SplitTrace, split_trace
+from bprof.store.sqlfile import run_sql_file
 
 _MALFORMED = re.compile(r'file "([^"]+)", at byte (\d+)(?: in record/value \d+)?: (.*)', re.DOTALL)
 
@@ -264,19 +264,10 @@ def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
 
 
 def _run_sql(con, filename: str, run_id: int | None, params: dict | None = None) -> None:
-    sql = resources.files("bprof.store").joinpath(filename).read_text()
     bound = dict(params or {})
     if run_id is not None:
         bound["run_id"] = run_id
-    for statement in _statements(sql):
-        used = {k: v for k, v in bound.items() if f"${k}" in statement}
-        con.execute(statement, used or None)
-
-
-def _statements(sql: str) -> list[str]:
-    """Split a SQL file on statement-ending semicolons (none of ours sit inside strings)."""
-    lines = [ln for ln in sql.splitlines() if not ln.lstrip().startswith("--")]
-    return [s.strip() for s in "\n".join(lines).split(";\n") if s.strip().rstrip(";").strip()]
+    run_sql_file(con, "bprof.store", filename, bound)
 
 
 def _bad_json(exc: duckdb.Error, batch: list[tuple[int, SplitTrace]]) -> DataError:
