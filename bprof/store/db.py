@@ -13,11 +13,44 @@ import duckdb
 
 from bprof.errors import DataError, UsageError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_DB = Path("bprof.duckdb")
 
-# version N -> SQL that turns a version-N store into version N+1. Empty until the schema changes.
-MIGRATIONS: dict[int, str] = {}
+# version N -> SQL that turns a version-N store into version N+1. Each step repeats what schema.sql
+# says of the objects it adds; tests/store/test_peaks.py checks that a migrated store equals a new one.
+MIGRATIONS: dict[int, str] = {
+    # 1 -> 2: device_peaks, the peaks `bprof calibrate` measures
+    1: """
+CREATE TABLE device_peaks (
+    host VARCHAR NOT NULL,
+    device_kind VARCHAR NOT NULL,
+    device_name VARCHAR NOT NULL,
+    dtype VARCHAR NOT NULL,
+    num_threads INTEGER NOT NULL,
+    flops_per_s DOUBLE,
+    flops_per_s_spread_frac DOUBLE,
+    mem_bytes_per_s DOUBLE,
+    matmul_size INTEGER,
+    num_repeats INTEGER,
+    measured_at TIMESTAMPTZ NOT NULL,
+    torch_version VARCHAR,
+    PRIMARY KEY (host, device_kind, device_name, dtype, num_threads)
+);
+COMMENT ON TABLE device_peaks IS 'Peaks measured on this machine by bprof calibrate (dense matmul FLOP/s, copy bandwidth): MFU/HFU denominators where no datasheet applies, such as CPU runs. Re-calibrating replaces the row.';
+COMMENT ON COLUMN device_peaks.host IS 'Host name where the measurement ran (socket.gethostname()).';
+COMMENT ON COLUMN device_peaks.device_kind IS 'cpu or cuda.';
+COMMENT ON COLUMN device_peaks.device_name IS 'CPU model name (/proc/cpuinfo model name) or GPU name (torch.cuda.get_device_name).';
+COMMENT ON COLUMN device_peaks.dtype IS 'Matmul element type: fp32, tf32 (fp32 tensors with TF32 tensor cores allowed), bf16 or fp16.';
+COMMENT ON COLUMN device_peaks.num_threads IS 'Intra-op CPU threads during the measurement (torch.get_num_threads()); on cpu rows the cores the peak is for.';
+COMMENT ON COLUMN device_peaks.flops_per_s IS 'Best over repeats of dense n x n x n torch.mm FLOP/s, 2 n^3 FLOPs per matmul.';
+COMMENT ON COLUMN device_peaks.flops_per_s_spread_frac IS 'Spread of the repeats: (max - min) / median of their FLOP/s; NULL with a single repeat.';
+COMMENT ON COLUMN device_peaks.mem_bytes_per_s IS 'Copy bandwidth: read + write bytes of a large tensor copy_ per second, best over repeats; one measurement per calibration, shown on each of its dtype rows.';
+COMMENT ON COLUMN device_peaks.matmul_size IS 'n of the n x n x n matmul.';
+COMMENT ON COLUMN device_peaks.num_repeats IS 'Number of timed repeats behind flops_per_s and its spread.';
+COMMENT ON COLUMN device_peaks.measured_at IS 'When the measurement finished.';
+COMMENT ON COLUMN device_peaks.torch_version IS 'torch.__version__ of the measurement.';
+""",
+}
 
 
 def schema_sql() -> str:

@@ -1,4 +1,4 @@
--- The bprof store, schema version 1. Every table and column is documented with COMMENT ON;
+-- The bprof store, schema version 2. Every table and column is documented with COMMENT ON;
 -- tests/store/test_schema.py fails when one is not. Times are int64 nanoseconds: `*_ts_ns`
 -- on the rank's own clock (epoch-based), `*_dur_ns` durations. Sizes say their unit.
 
@@ -280,3 +280,32 @@ COMMENT ON COLUMN findings.lost_ns IS 'How much shorter the step would be with t
 COMMENT ON COLUMN findings.title IS 'One-line summary.';
 COMMENT ON COLUMN findings.detail IS 'Explanation, including the counterfactual behind lost_ns.';
 COMMENT ON COLUMN findings.evidence IS 'JSON naming the ranks, steps and events behind the finding.';
+
+CREATE TABLE device_peaks (
+    host VARCHAR NOT NULL,
+    device_kind VARCHAR NOT NULL,
+    device_name VARCHAR NOT NULL,
+    dtype VARCHAR NOT NULL,
+    num_threads INTEGER NOT NULL,
+    flops_per_s DOUBLE,
+    flops_per_s_spread_frac DOUBLE,
+    mem_bytes_per_s DOUBLE,
+    matmul_size INTEGER,
+    num_repeats INTEGER,
+    measured_at TIMESTAMPTZ NOT NULL,
+    torch_version VARCHAR,
+    PRIMARY KEY (host, device_kind, device_name, dtype, num_threads)
+);
+COMMENT ON TABLE device_peaks IS 'Peaks measured on this machine by bprof calibrate (dense matmul FLOP/s, copy bandwidth): MFU/HFU denominators where no datasheet applies, such as CPU runs. Re-calibrating replaces the row.';
+COMMENT ON COLUMN device_peaks.host IS 'Host name where the measurement ran (socket.gethostname()).';
+COMMENT ON COLUMN device_peaks.device_kind IS 'cpu or cuda.';
+COMMENT ON COLUMN device_peaks.device_name IS 'CPU model name (/proc/cpuinfo model name) or GPU name (torch.cuda.get_device_name).';
+COMMENT ON COLUMN device_peaks.dtype IS 'Matmul element type: fp32, tf32 (fp32 tensors with TF32 tensor cores allowed), bf16 or fp16.';
+COMMENT ON COLUMN device_peaks.num_threads IS 'Intra-op CPU threads during the measurement (torch.get_num_threads()); on cpu rows the cores the peak is for.';
+COMMENT ON COLUMN device_peaks.flops_per_s IS 'Best over repeats of dense n x n x n torch.mm FLOP/s, 2 n^3 FLOPs per matmul.';
+COMMENT ON COLUMN device_peaks.flops_per_s_spread_frac IS 'Spread of the repeats: (max - min) / median of their FLOP/s; NULL with a single repeat.';
+COMMENT ON COLUMN device_peaks.mem_bytes_per_s IS 'Copy bandwidth: read + write bytes of a large tensor copy_ per second, best over repeats; one measurement per calibration, shown on each of its dtype rows.';
+COMMENT ON COLUMN device_peaks.matmul_size IS 'n of the n x n x n matmul.';
+COMMENT ON COLUMN device_peaks.num_repeats IS 'Number of timed repeats behind flops_per_s and its spread.';
+COMMENT ON COLUMN device_peaks.measured_at IS 'When the measurement finished.';
+COMMENT ON COLUMN device_peaks.torch_version IS 'torch.__version__ of the measurement.';
