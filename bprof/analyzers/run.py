@@ -1,0 +1,81 @@
+"""Run every analyzer over one run, in one transaction, and read back what `bprof analyze` shows.
+
+Analysis is idempotent: each analyzer first deletes the run's rows from its tables, and a failure
+rolls the whole analysis back, leaving the store as it was.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import duckdb
+
+from bprof.analyzers.base import Options, Result, replace_rows, write_findings
+
+# Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
+ANALYZERS = ["timeline", "breakdown", "metrics"]
+HTA_COMPAT = "hta_compat"
+
+
+def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int, options: Options = Options(),
+                progress: Callable[[str], None] | None = None) -> list[Result]:
+    names = ANALYZERS + ([HTA_COMPAT] if options.hta_compat else [])
+    modules = [importlib.import_module(f"bprof.analyzers.{name}") for name in names]
+    results = []
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for module in modules:
+            if progress:
+                progress(module.NAME)
+            replace_rows(con, module.TABLES, run_id)
+            result = module.analyze(con, run_id, options)
+            write_findings(con, run_id, module.NAME, result.findings)
+            results.append(result)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return results
+
+
+def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
+    """What analysis found for a run, as plain data (the CLI prints it; --json dumps it)."""
+    def rows(sql: str, *params) -> list[dict]:
+        cur = con.execute(sql, [run_id, *params])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def table_exists(name: str) -> bool:
+        return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary",
+                                [name]).fetchone()[0])
+
+    out = {
+        "run": rows("SELECT run_id, name, world_size, num_ranks_ingested, device_name, backend FROM runs WHERE run_id = ?")[0],
+        "metrics": {r["name"]: {"value": r["value"], "unit": r["unit"]}
+                    for r in rows("SELECT name, value, unit FROM metrics WHERE run_id = ? ORDER BY name")},
+        "ranks": rows("""SELECT rank, timeline, num_steps, median_step_ns, compute_frac, exposed_comm_frac,
+                                overlapped_comm_frac, memcpy_frac, idle_frac, other_frac, comm_overlap_frac
+                         FROM breakdown_ranks WHERE run_id = ? ORDER BY rank"""),
+        "findings": [
+            {**f, "evidence": _json(f["evidence"])}
+            for f in rows("""SELECT analyzer, severity, lost_ns, title, detail, evidence FROM findings
+                             WHERE run_id = ? ORDER BY lost_ns DESC NULLS LAST, severity, finding_id""")
+        ],
+    }
+    for f in out["findings"]:
+        f["advice"] = f["evidence"].pop("advice", None)
+    if table_exists("phases_ranks"):
+        out["phases"] = rows("SELECT * EXCLUDE (run_id) FROM phases_ranks WHERE run_id = ? ORDER BY rank, phase")
+    if table_exists("hta_compat_ranks"):
+        hta = {r["rank"]: r for r in rows("SELECT * EXCLUDE (run_id) FROM hta_compat_ranks WHERE run_id = ?")}
+        for r in out["ranks"]:
+            if r["rank"] in hta:
+                r["hta"] = {k: v for k, v in hta[r["rank"]].items() if k != "rank"}
+    return out
+
+
+def _json(text):
+    import json
+
+    return json.loads(text) if text else {}

@@ -1,0 +1,27 @@
+"""Which span of time is each rank's step, and what stands for its device (timeline_spans)?
+
+Reads steps and events; writes timeline_spans, which every other analyzer partitions.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from bprof.analyzers.base import Options, Result, not_measurable, run_sql
+
+NAME = "timeline"
+TABLES = ["timeline_spans"]
+
+
+def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    run_sql(con, "timeline.sql", run_id)
+    result = Result(NAME, TABLES)
+    no_steps = [r for (r,) in con.execute(
+        "SELECT rank FROM timeline_spans WHERE run_id = ? AND step = -1 ORDER BY rank", [run_id]).fetchall()]
+    if no_steps:
+        result.findings.append(not_measurable(
+            "No ProfilerStep ranges: per-step analysis is not possible",
+            f"{len(no_steps)} rank(s) have no ProfilerStep#N range; their whole trace is analysed as one span (step -1).",
+            "Record with `bprof record` (it marks optimizer steps), or call prof.step() every iteration.",
+            ranks=no_steps))
+    return result

@@ -1,0 +1,75 @@
+-- Which span of time is each rank's step, and which timeline stands for its device?
+-- Reads steps, events; writes timeline_spans. Every other analyzer partitions these spans.
+-- Algorithm: a step's span starts at its ProfilerStep range on the CPU and ends where the next
+-- consecutive step starts, so consecutive spans tile the rank's timeline with no gap and no
+-- overlap. The last step (or one followed by a jump in step numbers) ends at the later of its CPU
+-- range end and the end of the last device activity it launched (the device may lag the CPU).
+-- A rank with no ProfilerStep range gets one span, step -1, over all its device activity (or all
+-- its CPU ops on CPU traces): the whole trace.
+
+CREATE TABLE IF NOT EXISTS timeline_spans (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    ts_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL,
+    timeline VARCHAR NOT NULL,
+    main_tid VARCHAR,
+    PRIMARY KEY (run_id, rank, step)
+);
+COMMENT ON TABLE timeline_spans IS 'The span of each rank''s step that analyses partition; consecutive steps tile the timeline.';
+COMMENT ON COLUMN timeline_spans.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN timeline_spans.rank IS 'Global rank.';
+COMMENT ON COLUMN timeline_spans.step IS 'Profiler step; -1 = the whole trace of a rank without ProfilerStep ranges.';
+COMMENT ON COLUMN timeline_spans.ts_ns IS 'Span start (the ProfilerStep start on the CPU), own clock.';
+COMMENT ON COLUMN timeline_spans.dur_ns IS 'Span length: to the next consecutive step''s start, or for the last step to the later of its CPU end and its last device activity. This is the step time.';
+COMMENT ON COLUMN timeline_spans.timeline IS 'What stands for the device: device (GPU kernels, memcpy, memset on all streams) or main_thread (CPU traces: the training thread).';
+COMMENT ON COLUMN timeline_spans.main_tid IS 'The training (main) thread: the thread of the ProfilerStep ranges, else the busiest CPU-op thread.';
+
+DELETE FROM timeline_spans WHERE run_id = $run_id;
+
+INSERT INTO timeline_spans
+WITH dev AS (
+    SELECT rank, step, max(ts_ns + dur_ns) AS last_end_ns, min(ts_ns) AS first_ts_ns
+    FROM events
+    WHERE run_id = $run_id AND kind IN ('kernel', 'gpu_memcpy', 'gpu_memset')
+    GROUP BY ALL
+), has_dev AS (
+    SELECT rank, min(first_ts_ns) AS first_ts_ns, max(last_end_ns) AS last_end_ns FROM dev GROUP BY rank
+), step_tid AS (
+    SELECT rank, mode(tid) AS tid FROM events
+    WHERE run_id = $run_id AND kind = 'user_annotation' AND name LIKE 'ProfilerStep#%'
+    GROUP BY rank
+), busiest_tid AS (
+    SELECT rank, arg_max(tid, busy_ns) AS tid, min(first_ts_ns) AS first_ts_ns, max(last_end_ns) AS last_end_ns
+    FROM (SELECT rank, tid, sum(dur_ns) AS busy_ns, min(ts_ns) AS first_ts_ns, max(ts_ns + dur_ns) AS last_end_ns
+          FROM events WHERE run_id = $run_id AND kind = 'cpu_op' GROUP BY ALL)
+    GROUP BY rank
+), ranks AS (
+    SELECT r.rank,
+        CASE WHEN h.rank IS NOT NULL THEN 'device' ELSE 'main_thread' END AS timeline,
+        coalesce(s.tid, b.tid) AS main_tid,
+        coalesce(h.first_ts_ns, b.first_ts_ns) AS first_ts_ns,
+        coalesce(h.last_end_ns, b.last_end_ns) AS last_end_ns
+    FROM ranks r
+    LEFT JOIN has_dev h USING (rank)
+    LEFT JOIN step_tid s USING (rank)
+    LEFT JOIN busiest_tid b USING (rank)
+    WHERE r.run_id = $run_id
+), stepped AS (
+    SELECT s.rank, s.step, s.ts_ns, s.ts_ns + s.dur_ns AS cpu_end_ns,
+        lead(s.step) OVER w AS next_step, lead(s.ts_ns) OVER w AS next_ts_ns
+    FROM steps s WHERE s.run_id = $run_id
+    WINDOW w AS (PARTITION BY s.rank ORDER BY s.step)
+)
+SELECT $run_id, st.rank, st.step, st.ts_ns,
+    CASE WHEN st.next_step = st.step + 1 THEN st.next_ts_ns
+         ELSE greatest(st.cpu_end_ns, coalesce(d.last_end_ns, st.cpu_end_ns)) END - st.ts_ns,
+    r.timeline, r.main_tid
+FROM stepped st
+JOIN ranks r USING (rank)
+LEFT JOIN dev d ON d.rank = st.rank AND d.step = st.step
+UNION ALL
+SELECT $run_id, r.rank, -1, r.first_ts_ns, r.last_end_ns - r.first_ts_ns, r.timeline, r.main_tid
+FROM ranks r
+WHERE r.first_ts_ns IS NOT NULL AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = $run_id AND s.rank = r.rank);

@@ -1,0 +1,89 @@
+"""`bprof analyze [RUN]`: run every analyzer, then print step time, MFU/HFU, the partition and the
+findings ranked by recoverable time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from bprof.analyzers.base import Options
+from bprof.analyzers.run import analyze_run, summary
+from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.errors import UsageError
+from bprof.store.db import open_store
+from bprof.store.runs import resolve_run
+
+
+def register(app: typer.Typer) -> None:
+    app.command("analyze")(analyze)
+
+
+def analyze(
+    run: Optional[str] = RunArgument,
+    db: Path = DbOption,
+    as_json: bool = JsonOption,
+    peak_tflops: Optional[float] = typer.Option(
+        None, "--peak-tflops", help="Dense peak TFLOP/s per device at the matmul dtype (overrides the tables and calibration)."),
+    tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="Tokens per optimizer step (global batch), when the run did not declare it."),
+    top: int = typer.Option(10, "--top", help="Findings to print."),
+    hta_compat: bool = typer.Option(False, "--hta-compat", help="Also compute HolisticTraceAnalysis 0.5's whole-trace breakdown (for parity checks)."),
+) -> None:
+    """Analyze a run: where each rank's step time goes, MFU/HFU, and findings ranked by lost time."""
+    if peak_tflops is not None and peak_tflops <= 0:
+        raise UsageError(f"--peak-tflops must be positive, got {peak_tflops}")
+    options = Options(peak_flops_per_s=None if peak_tflops is None else peak_tflops * 1e12,
+                      hta_compat=hta_compat, tokens_per_step=tokens_per_step)
+    console = Console(stderr=True)
+    con = open_store(db)
+    try:
+        run_id = resolve_run(con, run)
+        with console.status("analyzing") as status:
+            analyze_run(con, run_id, options, progress=lambda name: status.update(f"analyzing: {name}"))
+        data = summary(con, run_id)
+    finally:
+        con.close()
+    if as_json:
+        print_json(data)
+    else:
+        _print(data, top)
+
+
+def _print(data: dict, top: int) -> None:
+    console = Console()
+    run, m = data["run"], data["metrics"]
+    console.print(f"[bold]run {run['run_id']}[/bold] {run['name']}  ranks {run['num_ranks_ingested']}/{run['world_size'] or '?'}"
+                  f"  device {run['device_name'] or '?'}")
+    heads = []
+    for name, label, fmt in (("step_time_ns", "step time", lambda v: f"{v / 1e6:.2f} ms"),
+                             ("mfu_frac", "MFU", lambda v: f"{100 * v:.1f}%"),
+                             ("hfu_frac", "HFU", lambda v: f"{100 * v:.1f}%"),
+                             ("tokens_per_s_per_device", "tokens/s/device", lambda v: f"{v:,.0f}")):
+        if name in m:
+            v = m[name]["value"]
+            heads.append(f"{label} {fmt(v) if v is not None else 'not measurable'}")
+    console.print("  ".join(heads))
+    ranks = Table("rank", "step", "compute", "exposed comm", "overlapped comm", "memcpy", "idle", "other", "comm overlap",
+                  title="Where the step goes (share of the step span)")
+    for r in data["ranks"]:
+        ranks.add_row(str(r["rank"]), f"{r['median_step_ns'] / 1e6:.2f} ms",
+                      *(_pct(r[k]) for k in ("compute_frac", "exposed_comm_frac", "overlapped_comm_frac",
+                                             "memcpy_frac", "idle_frac", "other_frac", "comm_overlap_frac")))
+    console.print(ranks)
+    if data.get("phases"):
+        phases = Table("rank", "phase", "per step", "share", title="Phases")
+        for p in data["phases"]:
+            phases.add_row(str(p["rank"]), p["phase"], f"{p['median_ns'] / 1e6:.2f} ms", _pct(p.get("share_frac")))
+        console.print(phases)
+    findings = Table("lost/step", "severity", "finding", "advice", title="Findings, by time the step would get back")
+    for f in data["findings"][:top]:
+        findings.add_row("" if f["lost_ns"] is None else f"{f['lost_ns'] / 1e6:.2f} ms", f["severity"],
+                         f["title"], f["advice"] or "")
+    console.print(findings, markup=False)
+
+
+def _pct(v) -> str:
+    return "" if v is None else f"{100 * v:.1f}%"
