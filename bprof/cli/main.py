@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import export, ingest, record, runs
+from bprof.cli import analyze, calibrate, export, ingest, record, runs
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -17,9 +17,11 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 ingest.register(app)
+analyze.register(app)
 runs.register(app)
 export.register(app)
 record.register(app)
+calibrate.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
