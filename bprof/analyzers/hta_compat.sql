@@ -103,6 +103,9 @@ WITH ev AS (
     FROM events e JOIN ranks r ON r.run_id = e.run_id AND r.rank = e.rank
     WHERE e.run_id = $run_id AND e.cat IS NOT NULL AND e.cat <> 'Trace' AND e.name IS NOT NULL
       AND e.kind NOT IN ('metadata', 'flow_start', 'flow_end', 'instant')
+      -- only these can matter: a stream makes a GPU event, a correlation links it to its launch
+      AND (e.args ->> '$.stream' IS NOT NULL OR e.args ->> '$.correlation' IS NOT NULL
+           OR contains(e.name, 'ProfilerStep'))
 )
 SELECT rank, name, stream, corr,
     (stream >= 0 AND corr >= 0) OR name IN ('Event Sync', 'Context Sync') AS is_gpu,
