@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bprof.analyzers.base import Options
@@ -55,7 +56,7 @@ def analyze(
 def _print(data: dict, top: int) -> None:
     console = Console()
     run, m = data["run"], data["metrics"]
-    console.print(f"[bold]run {run['run_id']}[/bold] {run['name']}  ranks {run['num_ranks_ingested']}/{run['world_size'] or '?'}"
+    console.print(f"[bold]run {run['run_id']}[/bold] {escape(run['name'])}  ranks {run['num_ranks_ingested']}/{run['world_size'] or '?'}"
                   f"  device {run['device_name'] or '?'}")
     heads = []
     for name, label, fmt in (("step_time_ns", "step time", lambda v: f"{v / 1e6:.2f} ms"),
@@ -80,9 +81,10 @@ def _print(data: dict, top: int) -> None:
         console.print(phases)
     findings = Table("lost/step", "severity", "finding", "advice", title="Findings, by time the step would get back")
     for f in data["findings"][:top]:
+        # titles can carry kernel and op names: untrusted text, never rich markup
         findings.add_row("" if f["lost_ns"] is None else f"{f['lost_ns'] / 1e6:.2f} ms", f["severity"],
-                         f["title"], f["advice"] or "")
-    console.print(findings, markup=False)
+                         escape(f["title"]), escape(f["advice"] or ""))
+    console.print(findings)
 
 
 def _pct(v) -> str:

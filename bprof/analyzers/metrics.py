@@ -1,0 +1,133 @@
+"""The numbers CI gates on: step time, MFU, HFU and tokens/s, per rank and step and per run.
+
+Definitions (the README repeats them):
+- step time of the job = for each step, the longest span over ranks (the job moves at its slowest
+  rank); the run's `step_time_ns` is the median over steps.
+- MFU = declared model FLOPs per step / (step time × Σ over the job's ranks of the dense peak at
+  the matmul dtype). Model FLOPs come from the capture (bprof.set_model_flops) - never from traces.
+- HFU = executed FLOPs from recorded shapes (recompute included; kernels_flops) summed over the
+  ingested ranks / (step time × Σ of their peaks). Needs FLOP coverage ≥ 90% of matmul time.
+- Peaks come from bprof.analyzers.peaks: never guessed; unknown gives "not measurable" and the fix.
+Reads timeline_spans, kernels_flops, runs, ranks; writes metrics and step_metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import duckdb
+
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, write_metrics
+from bprof.analyzers.peaks import rank_peaks
+
+NAME = "metrics"
+TABLES: list[str] = []  # writes the store's metrics and step_metrics (replaced below)
+MIN_FLOP_COVERAGE_FRAC = 0.9
+
+
+def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    result = Result(NAME, ["metrics", "step_metrics"])
+    con.execute("DELETE FROM step_metrics WHERE run_id = ?", [run_id])
+    con.execute("DELETE FROM metrics WHERE run_id = ? AND computed_by = ?", [run_id, NAME])
+    spans = con.execute("SELECT rank, step, dur_ns FROM timeline_spans WHERE run_id = ? AND dur_ns > 0 ORDER BY step, rank",
+                        [run_id]).fetchall()
+    if not spans:
+        result.findings.append(not_measurable("No step spans: nothing to measure", "The run has no events to span.",
+                                              "Ingest a run with traced steps."))
+        return result
+    world_size, num_ranks, metadata = con.execute(
+        "SELECT world_size, num_ranks_ingested, metadata FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    world_size = world_size or num_ranks
+    model = (json.loads(metadata) if metadata else {}).get("bprof_model") or {}
+    model_flops = model.get("model_flops_per_step")
+    tokens = options.tokens_per_step or model.get("tokens_per_step")
+
+    flops, coverage = {}, None
+    if _has_table(con, "kernels_flops"):
+        flops = {(r, s): (f, cov, dt) for r, s, f, cov, dt in con.execute(
+            "SELECT rank, step, executed_flops, flop_coverage_frac, matmul_dtype FROM kernels_flops WHERE run_id = ?",
+            [run_id]).fetchall()}
+        # time-weighted over every rank and step: the share of all matmul-class time with known FLOPs
+        coverage = con.execute("SELECT sum(matmul_known_ns) / nullif(sum(matmul_ns), 0) FROM kernels_flops WHERE run_id = ?",
+                               [run_id]).fetchone()[0]
+    dtypes = [dt for (_, _, dt) in flops.values() if dt]
+    dtype = statistics.mode(dtypes) if dtypes else None
+    peaks = rank_peaks(con, run_id, options, dtype)
+    known_peaks = [p.flops_per_s for p in peaks.values() if p.flops_per_s]
+    peak_missing = [r for r, p in peaks.items() if not p.flops_per_s]
+
+    by_step: dict[int, list[tuple[int, int]]] = {}
+    for rank, step, dur_ns in spans:
+        by_step.setdefault(step, []).append((rank, dur_ns))
+    job_step_ns = {step: max(d for _, d in rows) for step, rows in by_step.items()}
+    step_time_ns = statistics.median(job_step_ns.values())
+
+    samples = []
+    for rank, step, dur_ns in spans:
+        samples.append((rank, step, "step_time_ns", dur_ns, "ns"))
+        peak = peaks.get(rank)
+        if peak and peak.flops_per_s:
+            if model_flops:
+                samples.append((rank, step, "mfu_frac", model_flops / world_size / (dur_ns * 1e-9 * peak.flops_per_s), "frac"))
+            f, cov, _ = flops.get((rank, step), (None, None, None))
+            if f and cov is not None and cov >= MIN_FLOP_COVERAGE_FRAC:
+                samples.append((rank, step, "hfu_frac", f / (dur_ns * 1e-9 * peak.flops_per_s), "frac"))
+        if tokens:
+            samples.append((rank, step, "tokens_per_s_per_device", tokens / world_size / (dur_ns * 1e-9), "tokens_per_s"))
+    con.executemany("INSERT INTO step_metrics VALUES (?, ?, ?, ?, ?, ?)", [(run_id, *s) for s in samples])
+
+    metrics: dict[str, tuple[float | None, str]] = {
+        "step_time_ns": (float(step_time_ns), "ns"),
+        "step_time_max_ns": (float(max(job_step_ns.values())), "ns"),
+        "num_steps": (float(len(job_step_ns)), "count"),
+    }
+    peak_sum = statistics.mean(known_peaks) * world_size if known_peaks and not peak_missing else None
+    metrics["peak_flops_per_s_per_device"] = (statistics.mean(known_peaks) if known_peaks and not peak_missing else None, "flops_per_s")
+    if peak_missing:
+        why = peaks[peak_missing[0]].source
+        result.findings.append(not_measurable(
+            "MFU and HFU are not measurable: the device peak is unknown",
+            f"No dense peak for rank(s) {peak_missing[:8]}: {why}.",
+            "Run `bprof calibrate` on the host (CPU) or give --peak-tflops; bprof never guesses a peak.",
+            ranks=peak_missing[:64]))
+    if not model_flops:
+        result.findings.append(not_measurable(
+            "MFU is not measurable: the run declared no model FLOPs",
+            "MFU counts the model's declared FLOPs, never traced ones; this run did not record any.",
+            "Call bprof.set_model_flops(flops_per_step) in the training script (under bprof record).",
+        ))
+    metrics["mfu_frac"] = (model_flops / (step_time_ns * 1e-9 * peak_sum) if model_flops and peak_sum else None, "frac")
+
+    hfu = _hfu(flops, job_step_ns, peaks)
+    metrics["flop_coverage_frac"] = (coverage, "frac")
+    metrics["hfu_frac"] = (hfu if peak_sum and coverage is not None and coverage >= MIN_FLOP_COVERAGE_FRAC else None, "frac")
+    if coverage is None or coverage < MIN_FLOP_COVERAGE_FRAC:
+        result.findings.append(not_measurable(
+            "HFU is not measurable: too little matmul time has known FLOPs",
+            f"FLOP coverage is {'unknown (no matmul-class work found)' if coverage is None else f'{coverage:.0%}'}; "
+            f"HFU needs {MIN_FLOP_COVERAGE_FRAC:.0%} of matmul-class time to come from ops with recorded shapes.",
+            "Record with shapes (bprof record does; torch.profiler(record_shapes=True)); kernels launched by CUDA "
+            "graphs or unmodelled ops carry no shapes.", coverage_frac=coverage))
+    if tokens:
+        metrics["tokens_per_s_per_device"] = (tokens / world_size / (step_time_ns * 1e-9), "tokens_per_s")
+        metrics["tokens_per_s"] = (tokens / (step_time_ns * 1e-9), "tokens_per_s")
+    metrics["model_flops_per_step"] = (float(model_flops) if model_flops else None, "flops")
+    write_metrics(con, run_id, NAME, metrics)
+    return result
+
+
+def _hfu(flops: dict, job_step_ns: dict, peaks: dict) -> float | None:
+    """Run HFU over steps with every rank's FLOPs known: Σ flops / Σ (job step time × Σ peaks)."""
+    total_flops = total_capacity = 0.0
+    for step, step_ns in job_step_ns.items():
+        rows = [(r, f, c) for (r, s), (f, c, _) in flops.items() if s == step]
+        if not rows or any(f is None for _, f, _ in rows) or any(not (peaks.get(r) and peaks[r].flops_per_s) for r, _, _ in rows):
+            continue
+        total_flops += sum(f for _, f, _ in rows)
+        total_capacity += step_ns * 1e-9 * sum(peaks[r].flops_per_s for r, _, _ in rows)
+    return total_flops / total_capacity if total_capacity else None
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary", [name]).fetchone()[0])
