@@ -45,6 +45,16 @@ def test_catalogue_columns_classes_and_sources():
     assert {r["fine_class"] for r in rows} == set(cl.FINE_CLASSES) - {"unknown"}
 
 
+OBSERVED = [r for r in cl.rules() if r.source.startswith("observed in ../shared/traces/")]
+
+
+@pytest.mark.parametrize("rule", OBSERVED, ids=lambda r: r.rule_id)
+def test_observed_example_is_a_real_name_of_that_trace(rule):
+    folder = re.match(r"observed in \.\./shared/traces/(\w+)", rule.source).group(1)
+    names = {n for n, _ in distinct_names(next(shared_trace(folder).iterdir()))}
+    assert rule.example in names
+
+
 def test_coarse_classes_follow_hta():
     assert cl.COARSE_OF == {
         "gemm": "compute", "attention": "compute", "norm": "compute", "elementwise": "compute",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -22,11 +23,12 @@ def load_trace(path: Path) -> dict:
         return json.load(f)
 
 
-def distinct_names(path: Path) -> set[tuple[str, str]]:
-    """(name, kind) of every complete event whose category has a store kind above."""
+@functools.cache
+def distinct_names(path: Path) -> frozenset[tuple[str, str]]:
+    """(name, kind) of every complete event whose category has a store kind above (cached per file)."""
     trace = load_trace(path)
-    return {(e["name"], KIND_OF_CAT[e["cat"]]) for e in trace.get("traceEvents", [])
-            if e.get("ph") == "X" and e.get("cat") in KIND_OF_CAT}
+    return frozenset((e["name"], KIND_OF_CAT[e["cat"]]) for e in trace.get("traceEvents", [])
+                     if e.get("ph") == "X" and e.get("cat") in KIND_OF_CAT)
 
 
 def cpu_op_events(path: Path, names: set[str]) -> list[dict]:
