@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: `bprof record` runs a real 4-rank torchrun of the example GPT trainer (TP=2 x
 # DP=2, gloo on CPU) with no change to its code, captures iterations 3-5 on every rank, ingests
-# them into a DuckDB store and summarises the run. Then a synthetic 8-GPU NCCL run with planted
+# them into a DuckDB store, summarises and analyses the run. Then a synthetic 8-GPU NCCL run with planted
 # ground truth shows the GPU/NCCL paths on a machine without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +19,13 @@ grep -E '^bprof-(model|step)' "$out/train.log" | tail -n 2
 grep -v -E '^(USDT|\s*$)' "$out/record.log" | grep -E '^(bprof|│|┃|┏|┡|└|┗|\s+run)' || true
 bprof info demo-tp2-dp2 --db "$db"
 
+echo "== bprof calibrate (this machine's measured fp32 peak: the MFU denominator of CPU runs) and bprof analyze"
+bprof calibrate --db "$db" --dtype fp32 --repeats 3
+bprof analyze demo-tp2-dp2 --db "$db"
+
 echo "== a synthetic 8-GPU NCCL run (tp=2 pp=2 dp=2, rank 3 slowed) with its planted truth"
 python -m bprof.synth "$out/synthetic" --tp 2 --pp 2 --dp 2 --hosts 2 --slow-rank 3
 bprof ingest "$out/synthetic" --db "$db" --name synthetic-tp2-pp2-dp2
+bprof analyze synthetic-tp2-pp2-dp2 --db "$db" --top 5
 bprof runs --db "$db"
 echo "== done: store at $db; run directory $out/record"
