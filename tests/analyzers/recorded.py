@@ -1,0 +1,58 @@
+"""Real recordings for analyzer tests: `bprof record` of examples/train_gpt.py under torchrun on
+CPU ranks (gloo), ingested into a store, then analysed with a chosen list of analyzers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bprof.analyzers import run as analysis
+from bprof.analyzers.base import Options
+from bprof.store.db import open_store
+from tests.conftest import upstream_exit_abort
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAINER = ROOT / "examples" / "train_gpt.py"
+
+
+def record_train_gpt(out: Path, name: str, trainer_args: list[str], *, record_args: list[str] = (),
+                     nproc: int = 2, steps: str = "3:6", timeout: int = 300) -> Path:
+    """Record train_gpt.py (DP over `nproc` CPU ranks) into out/<name>.duckdb; returns the store path.
+    Reruns once when torch 2.13 aborted the job at interpreter exit, and only then."""
+    db = out / f"{name}.duckdb"
+    cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(out / name), "--db", str(db),
+           "--name", name, "--steps", steps, *record_args, "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(TRAINER), "--tp", "1", "--dp", str(nproc), "--steps", str(int(steps.split(":")[1]) + 1),
+           *trainer_args]
+    for attempt in range(2):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=out,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if attempt or not upstream_exit_abort(done):
+            break
+        shutil.rmtree(out / name, ignore_errors=True)
+        db.unlink(missing_ok=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return db
+
+
+def analysed(db: Path, analyzers: list[str]):
+    """Open the store, run timeline, breakdown and `analyzers` over its one run; returns (con, run_id)."""
+    con = open_store(db)
+    [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
+    saved = analysis.ANALYZERS
+    analysis.ANALYZERS = ["timeline", "breakdown", *analyzers]
+    try:
+        analysis.analyze_run(con, run_id, Options())
+    finally:
+        analysis.ANALYZERS = saved
+    return con, run_id
+
+
+def findings(con, run_id) -> list[tuple]:
+    """(analyzer, severity, lost_ns, title, evidence JSON) by lost_ns, largest first, as bprof analyze ranks them."""
+    return con.execute("""SELECT analyzer, severity, lost_ns, title, evidence FROM findings WHERE run_id = ?
+                          ORDER BY lost_ns DESC NULLS LAST, severity, finding_id""", [run_id]).fetchall()
