@@ -20,7 +20,7 @@ from bprof.kernels.classify import classify
 from bprof.kernels.costs import FLOP_LEAF_OPS, MATMUL_CLASS_OPS, op_cost
 
 NAME = "kernels"
-TABLES = ["kernels_classes", "kernels_top", "kernels_ops", "kernels_flops"]
+TABLES = ["kernels_classes", "kernels_top", "kernels_ops", "kernels_flops", "kernels_roofline"]
 
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
@@ -28,6 +28,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     matmul_ops = sorted(MATMUL_CLASS_OPS | FLOP_LEAF_OPS)
     _load_costs(con, run_id, matmul_ops)
     run_sql(con, "kernels.sql", run_id, {"matmul_ops": matmul_ops, "top_n": options.top_n})
+    _roofline(con, run_id, options)
     result = Result(NAME, TABLES)
     result.findings += _unknown_finding(con, run_id)
     result.findings += _precision_findings(con, run_id, options)
@@ -55,6 +56,31 @@ def _load_costs(con: duckdb.DuckDBPyConnection, run_id: int, matmul_ops: list[st
         con.execute("CREATE OR REPLACE TEMP TABLE _kn_costs AS SELECT * FROM _kn_costs_frame")
     finally:
         con.unregister("_kn_costs_frame")
+
+
+def _roofline(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> None:
+    """Where the top shapes sit against the roofline of their device (the first rank's peaks)."""
+    rows = con.execute("""
+        SELECT name, input_dims, dtype, sum(num_calls), sum(flops), sum(bytes), sum(dur_ns), min(rank)
+        FROM kernels_ops WHERE run_id = ? AND flops IS NOT NULL AND dur_ns > 0
+        GROUP BY name, input_dims, dtype ORDER BY sum(dur_ns) DESC LIMIT ?""", [run_id, options.top_n]).fetchall()
+    peaks_by_dtype: dict = {}
+    out = []
+    for name, dims, dtype, calls, flops, nbytes, dur_ns, rank in rows:
+        if dtype not in peaks_by_dtype:
+            peaks_by_dtype[dtype] = rank_peaks(con, run_id, options, dtype)
+        peak = peaks_by_dtype[dtype].get(rank)
+        flops_s = flops / (dur_ns * 1e-9)
+        bytes_s = nbytes / (dur_ns * 1e-9) if nbytes else None
+        intensity = flops / nbytes if nbytes else None
+        pf = peak.flops_per_s if peak else None
+        pb = peak.mem_bytes_per_s if peak else None
+        bound = ("compute" if intensity >= pf / pb else "memory") if pf and pb and intensity else None
+        roof = min(pf, intensity * pb) if pf and pb and intensity else pf
+        out.append((run_id, name, dims, dtype, calls, flops, nbytes, dur_ns, flops_s, bytes_s, intensity, pf, pb, bound,
+                    flops_s / roof if roof else None))
+    if out:
+        con.executemany("INSERT INTO kernels_roofline VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", out)
 
 
 def _load(text):

@@ -69,6 +69,29 @@ COMMENT ON COLUMN kernels_flops.matmul_known_ns IS 'Part of matmul_ns whose FLOP
 COMMENT ON COLUMN kernels_flops.flop_coverage_frac IS 'matmul_known_ns / matmul_ns; HFU needs at least 0.9. NULL without matmul work.';
 COMMENT ON COLUMN kernels_flops.matmul_dtype IS 'The dtype carrying most of the known FLOPs.';
 
+CREATE TABLE IF NOT EXISTS kernels_roofline (
+    run_id INTEGER NOT NULL, name VARCHAR NOT NULL, input_dims VARCHAR, dtype VARCHAR, num_calls BIGINT NOT NULL,
+    flops DOUBLE NOT NULL, bytes DOUBLE, dur_ns BIGINT NOT NULL, achieved_flops_per_s DOUBLE NOT NULL,
+    achieved_bytes_per_s DOUBLE, intensity_flops_per_byte DOUBLE, peak_flops_per_s DOUBLE, peak_bytes_per_s DOUBLE,
+    bound VARCHAR, peak_frac DOUBLE
+);
+COMMENT ON TABLE kernels_roofline IS 'Roofline position of the matmul-class op shapes with the most time: achieved FLOP/s and bytes/s against the device peak.';
+COMMENT ON COLUMN kernels_roofline.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN kernels_roofline.name IS 'CPU op name.';
+COMMENT ON COLUMN kernels_roofline.input_dims IS 'Recorded Input Dims (JSON text).';
+COMMENT ON COLUMN kernels_roofline.dtype IS 'Normalised matmul dtype.';
+COMMENT ON COLUMN kernels_roofline.num_calls IS 'Calls of this shape, all ranks and steps.';
+COMMENT ON COLUMN kernels_roofline.flops IS 'Their FLOPs.';
+COMMENT ON COLUMN kernels_roofline.bytes IS 'Their minimum bytes moved.';
+COMMENT ON COLUMN kernels_roofline.dur_ns IS 'Their time (device time of their kernels on GPU, op time on CPU).';
+COMMENT ON COLUMN kernels_roofline.achieved_flops_per_s IS 'flops / dur.';
+COMMENT ON COLUMN kernels_roofline.achieved_bytes_per_s IS 'bytes / dur.';
+COMMENT ON COLUMN kernels_roofline.intensity_flops_per_byte IS 'Arithmetic intensity, flops / bytes.';
+COMMENT ON COLUMN kernels_roofline.peak_flops_per_s IS 'Dense peak of one device at this dtype (NULL when unknown).';
+COMMENT ON COLUMN kernels_roofline.peak_bytes_per_s IS 'Memory bandwidth of one device (NULL when unknown).';
+COMMENT ON COLUMN kernels_roofline.bound IS 'compute when the intensity is above the ridge point (peak FLOP/s over bandwidth), else memory; NULL without both peaks.';
+COMMENT ON COLUMN kernels_roofline.peak_frac IS 'Achieved FLOP/s over the roofline at this intensity: min(peak, intensity x bandwidth) (or the FLOP peak alone without bandwidth).';
+
 -- Device rows (GPU) or CPU ops with their self time (CPU), with their class and step span.
 -- Algorithm (self time): per thread, ops nest properly. A sweep over starts (+1) and ends (-1),
 -- ends first at equal instants and longer ops first among equal starts, gives each op its depth;

@@ -20,6 +20,7 @@ import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, write_metrics
 from bprof.analyzers.peaks import rank_peaks
+from bprof.kernels.devices import normalize_dtype
 
 NAME = "metrics"
 TABLES: list[str] = []  # writes the store's metrics and step_metrics (replaced below)
@@ -52,8 +53,10 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
         coverage = con.execute("SELECT sum(matmul_known_ns) / nullif(sum(matmul_ns), 0) FROM kernels_flops WHERE run_id = ?",
                                [run_id]).fetchone()[0]
     dtypes = [dt for (_, _, dt) in flops.values() if dt]
-    dtype = statistics.mode(dtypes) if dtypes else None
-    peaks = rank_peaks(con, run_id, options, dtype)
+    dtype = normalize_dtype(statistics.mode(dtypes)) if dtypes else None
+    # fp8 runs divide by the bf16 dense peak, the usual denominator; the fp8 figure is stated beside it
+    denominator_dtype = "bf16" if dtype == "fp8" else dtype
+    peaks = rank_peaks(con, run_id, options, denominator_dtype)
     known_peaks = [p.flops_per_s for p in peaks.values() if p.flops_per_s]
     peak_missing = [r for r, p in peaks.items() if not p.flops_per_s]
 
@@ -75,7 +78,8 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
                 samples.append((rank, step, "hfu_frac", f / (dur_ns * 1e-9 * peak.flops_per_s), "frac"))
         if tokens:
             samples.append((rank, step, "tokens_per_s_per_device", tokens / world_size / (dur_ns * 1e-9), "tokens_per_s"))
-    con.executemany("INSERT INTO step_metrics VALUES (?, ?, ?, ?, ?, ?)", [(run_id, *s) for s in samples])
+    if samples:
+        con.executemany("INSERT INTO step_metrics VALUES (?, ?, ?, ?, ?, ?)", [(run_id, *s) for s in samples])
 
     metrics: dict[str, tuple[float | None, str]] = {
         "step_time_ns": (float(step_time_ns), "ns"),
@@ -98,6 +102,8 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
             "Call bprof.set_model_flops(flops_per_step) in the training script (under bprof record).",
         ))
     metrics["mfu_frac"] = (model_flops / (step_time_ns * 1e-9 * peak_sum) if model_flops and peak_sum else None, "frac")
+    if peak_sum:
+        result.findings.append(_denominator_note(con, run_id, options, peaks, dtype, denominator_dtype))
 
     hfu = _hfu(flops, job_step_ns, peaks)
     metrics["flop_coverage_frac"] = (coverage, "frac")
@@ -115,6 +121,20 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     metrics["model_flops_per_step"] = (float(model_flops) if model_flops else None, "flops")
     write_metrics(con, run_id, NAME, metrics)
     return result
+
+
+def _denominator_note(con, run_id: int, options: Options, peaks: dict, dtype: str | None, used: str | None) -> Finding:
+    first = peaks[min(peaks)]
+    detail = f"Peak per device: {first.flops_per_s / 1e12:.4g} TFLOP/s, {first.source}."
+    if dtype == "fp8":
+        fp8 = rank_peaks(con, run_id, options, "fp8")[min(peaks)]
+        if fp8.flops_per_s:
+            detail += (f" The matmuls ran in fp8: against the fp8 dense peak ({fp8.flops_per_s / 1e12:.4g} TFLOP/s) "
+                       f"MFU and HFU would be {first.flops_per_s / fp8.flops_per_s:.2f}x the reported values.")
+    elif dtype is None:
+        detail += " The matmul dtype is unknown (no recorded shapes), so the usual denominator is used."
+    return Finding("info", f"MFU and HFU divide by the dense {used or 'default'} peak", "Nothing to fix: the denominator, stated.",
+                   detail, None, {"dtype": dtype, "denominator_dtype": used, "peak_flops_per_s": first.flops_per_s})
 
 
 def _hfu(flops: dict, job_step_ns: dict, peaks: dict) -> float | None:
