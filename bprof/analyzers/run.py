@@ -65,6 +65,15 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     }
     for f in out["findings"]:
         f["advice"] = f["evidence"].pop("advice", None)
+    if table_exists("kernels_classes"):
+        out["kernel_classes"] = rows("""
+            SELECT fine_class, sum(num_events) AS num_events, sum(num_graph_kernels) AS num_graph_kernels,
+                   sum(dur_ns) AS dur_ns, sum(dur_ns) / sum(sum(dur_ns)) OVER () AS share_frac
+            FROM kernels_classes WHERE run_id = ? GROUP BY fine_class ORDER BY dur_ns DESC""")
+        out["matmul_by_dtype"] = rows("""
+            SELECT coalesce(dtype, 'unknown') AS dtype, sum(dur_ns) AS dur_ns, sum(flops) AS flops,
+                   sum(dur_ns) / sum(sum(dur_ns)) OVER () AS share_frac
+            FROM kernels_ops WHERE run_id = ? GROUP BY ALL ORDER BY dur_ns DESC""")
     if table_exists("phases_ranks"):
         out["phases"] = rows("SELECT * EXCLUDE (run_id) FROM phases_ranks WHERE run_id = ? ORDER BY rank, phase")
     if table_exists("hta_compat_ranks"):

@@ -74,6 +74,9 @@ def _print(data: dict, top: int) -> None:
                       *(_pct(r[k]) for k in ("compute_frac", "exposed_comm_frac", "overlapped_comm_frac",
                                              "memcpy_frac", "idle_frac", "other_frac", "comm_overlap_frac")))
     console.print(ranks)
+    if data.get("kernel_classes"):
+        console.print("kernel time by class: " + ", ".join(
+            f"{escape(k['fine_class'])} {_pct(k['share_frac'])}" for k in data["kernel_classes"][:8]))
     if data.get("phases"):
         phases = Table("rank", "phase", "per step", "share", title="Phases")
         for p in data["phases"]:
