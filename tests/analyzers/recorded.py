@@ -1,5 +1,6 @@
-"""Real recordings for analyzer tests: `bprof record` of examples/train_gpt.py under torchrun on
-CPU ranks (gloo), ingested into a store, then analysed with a chosen list of analyzers."""
+"""Real runs for analyzer tests: `bprof record` of examples/train_gpt.py under torchrun on CPU ranks
+(gloo), or a trace folder of ../shared/traces, ingested into a store and analysed with a chosen
+list of analyzers (after timeline and breakdown)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,16 @@ def findings(con, run_id) -> list[tuple]:
     """(analyzer, severity, lost_ns, title, evidence JSON) by lost_ns, largest first, as bprof analyze ranks them."""
     return con.execute("""SELECT analyzer, severity, lost_ns, title, evidence FROM findings WHERE run_id = ?
                           ORDER BY lost_ns DESC NULLS LAST, severity, finding_id""", [run_id]).fetchall()
+
+
+def shared(tmp_path: Path, folder: str, analyzers: list[str]):
+    """Ingest a real trace folder of ../shared/traces (skips without it) and analyse it; (con, run_id)."""
+    from bprof.store.ingest import IngestOptions, ingest_paths
+    from tests.conftest import shared_trace
+
+    path = shared_trace(folder)
+    db = tmp_path / f"{folder}.duckdb"
+    con = open_store(db)
+    ingest_paths(con, [path], IngestOptions(rank=0 if len(list(path.iterdir())) == 1 else None, work_dir=tmp_path))
+    con.close()
+    return analysed(db, analyzers)
