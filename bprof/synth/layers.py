@@ -5,6 +5,8 @@ proj/fc2 (TP all-reduce after each row-parallel GEMM in forward and after each c
 dgrad in backward). `b` is a program.RankBuilder. Forward runs on the main thread, backward on the
 autograd thread as `autograd::engine::evaluate_function: XBackward0` ⊃ `XBackward0` ⊃ aten ops.
 The 2022 format uses the pre-SDPA attention (baddbmm, softmax, bmm).
+Every FLOP-carrying kernel gets `flops=`: the FLOPs of the shape-recorded op that launches it,
+by the same formula that sizes the kernel (truth.json sums them per step).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from .catalog import ATTN_EFF, INPUT_TYPE, gemm_ns, mem_ns
 from .ops import BWD, MAIN, TP_STREAM, N, R
 
 
-def T(dims, dtype):
-    return ("T", tuple(dims), dtype)
+def T(dims, dtype, strides=None):
+    """A tensor argument; strides default to contiguous."""
+    return ("T", tuple(dims), dtype, None if strides is None else tuple(strides))
 
 
 def S(value):
@@ -28,7 +31,13 @@ def L(dims):
     return ("L", tuple(dims))
 
 
-NONE = ("N",)
+NONE = ("N",)  # None, or an undefined Tensor: both are traced as type "" and dims []
+
+
+def bshd(bs, nh, s, hd, dtype):
+    """The (batch, seq, heads, dim) view torch's flash kernels take: query.transpose(1, 2) of a
+    contiguous (batch, heads, seq, dim) tensor, so the strides are not contiguous."""
+    return T([bs, s, nh, hd], dtype, [nh * s * hd, hd, s * hd, 1])
 
 
 @lru_cache(maxsize=4096)
@@ -44,7 +53,7 @@ def shapes(*inputs):
                 acc *= n
             dims.append(list(x[1]))
             types.append(INPUT_TYPE.get(x[2], x[2]))
-            strides.append(st[::-1])
+            strides.append(st[::-1] if x[3] is None else list(x[3]))
             concrete.append("")
         elif x[0] == "L":  # TensorList of one tensor
             dims.append([list(x[1])])
@@ -82,7 +91,8 @@ def layer_ids(b) -> range:
 
 def linear(b, mb, key, in_dims, k, n, role):
     m, dt = prod(in_dims[:-1]), b.act_dtype
-    g = b.kern(role, "gemm", gemm_ns(b.dev, 2 * m * k * n), layer=True)
+    flops = 2 * m * k * n
+    g = b.kern(role, "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
     seq = b.fwd_op_seq(mb, key)
     mm = N("aten::mm", [b.launch(g)], info=b.info(T([m, k], dt), T([k, n], dt)))
     b.emit(MAIN, [N("aten::linear", [mm], info=b.info(T(in_dims, dt), T([n, k], dt), NONE,
@@ -112,18 +122,22 @@ def attention(b, mb, li):
     hd = sc.hidden // sc.heads
     flops = 4 * bs * nh * s * s * hd // 2  # causal
     if b.modern:
-        g = b.kern("flash_fwd", "flash", gemm_ns(b.dev, flops, ATTN_EFF), layer=True)
+        g = b.kern("flash_fwd", "flash", gemm_ns(b.dev, flops, ATTN_EFF), layer=True,
+                   flops=flops)
         seq = b.fwd_op_seq(mb, (li, "attn"))
-        q = T([bs, nh, s, hd], dt)
+        q, qt = T([bs, nh, s, hd], dt), bshd(bs, nh, s, hd, dt)
+        # (q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask,
+        #  scale, window_size_left, window_size_right)
         inner = N("aten::_flash_attention_forward", [b.launch(g)],
-                  info=b.info(q, q, q, NONE, NONE, S(s), S(s), S(0.0), S("True"), S("False")))
+                  info=b.info(qt, qt, qt, NONE, NONE, S(s), S(s), S(0.0), S("True"), S("False"),
+                              NONE, NONE, NONE))
         mid = N("aten::_scaled_dot_product_flash_attention", [inner],
                 info=b.info(q, q, q, S(0.0), S("True"), S("False"), NONE))
         b.emit(MAIN, [N("aten::scaled_dot_product_attention", [mid],
                         info=b.info(q, q, q, NONE, S(0.0), S("True"), NONE, S("False"),
                                     seq=seq))])
         return
-    g = b.kern("bmm", "gemm", gemm_ns(b.dev, flops), layer=True)
+    g = b.kern("bmm", "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
     seq = b.fwd_op_seq(mb, (li, "qk"))
     b.emit(MAIN, [N("aten::baddbmm", [b.launch(g)],
                     info=b.info(T([bs * nh, s, s], dt), T([bs * nh, s, hd], dt),
@@ -132,7 +146,7 @@ def attention(b, mb, li):
     seq = b.fwd_op_seq(mb, (li, "softmax"))
     b.emit(MAIN, [N("aten::softmax", [N("aten::_softmax", [b.launch(g)])],
                     info=b.info(T([bs, nh, s, s], dt), S(-1), NONE, seq=seq))])
-    g = b.kern("bmm", "gemm", gemm_ns(b.dev, flops), layer=True)
+    g = b.kern("bmm", "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
     seq = b.fwd_op_seq(mb, (li, "av"))
     b.emit(MAIN, [N("aten::bmm", [b.launch(g)],
                     info=b.info(T([bs * nh, s, s], dt), T([bs * nh, s, hd], dt), seq=seq))])
@@ -200,13 +214,18 @@ def grad_fn(b, mb, key, name, children):
                    info={"seq": seq, "bwd": True})])
 
 
-def mm_backward(b, mb, key, m, k, n, name="MmBackward0", kernels=("dgrad", "wgrad")):
-    dt, flops = b.act_dtype, 2 * m * k * n
-    gd = b.kern(kernels[0], "gemm", gemm_ns(b.dev, flops), layer=True)
-    gw = b.kern(kernels[1], "gemm", gemm_ns(b.dev, flops), layer=True)
+def mm_backward(b, mb, key, m, k, n, name="MmBackward0", kernels=("dgrad", "wgrad"),
+                batch=None):
+    """Gradients of a forward [(batch,) m, k] x [(batch,) k, n]: dgrad [m, n] x [n, k] and
+    wgrad [k, m] x [m, n] (aten::bmm with the batch dim when `batch` is given)."""
+    dt, flops = b.act_dtype, 2 * m * k * n * (batch or 1)
+    gd = b.kern(kernels[0], "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
+    gw = b.kern(kernels[1], "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
     op = "aten::mm" if name == "MmBackward0" else "aten::bmm"
-    grad_fn(b, mb, key, name, [N(op, [b.launch(gd)], info=b.info(T([m, n], dt), T([n, k], dt))),
-                               N(op, [b.launch(gw)], info=b.info(T([k, m], dt), T([m, n], dt)))])
+    lead = [] if batch is None else [batch]
+    grad_fn(b, mb, key, name, [
+        N(op, [b.launch(gd)], info=b.info(T(lead + [m, n], dt), T(lead + [n, k], dt))),
+        N(op, [b.launch(gw)], info=b.info(T(lead + [k, m], dt), T(lead + [m, n], dt)))])
 
 
 def ln_backward(b, mb, key, dims):
@@ -220,22 +239,32 @@ def attention_backward(b, mb, li):
     sc = b.sc
     s, bs, nh = sc.seq_len, sc.micro_batch_size, sc.heads // sc.tp
     hd = sc.hidden // sc.heads
-    flops = 4 * bs * nh * s * s * hd // 2
+    flops = 4 * bs * nh * s * s * hd // 2  # causal forward
     if b.modern:
-        io = bs * nh * s * hd * 2
+        dt, io = b.act_dtype, bs * nh * s * hd * 2
+        bwd_flops = flops * 5 // 2  # recomputed QK^T plus four matmuls: 2.5x the forward
         g1 = b.kern("flash_bwd_dot", "elementwise", mem_ns(b.dev, io * 3), layer=True)
-        g2 = b.kern("flash_bwd", "flash", gemm_ns(b.dev, 2.5 * flops, ATTN_EFF), layer=True)
+        g2 = b.kern("flash_bwd", "flash", gemm_ns(b.dev, bwd_flops, ATTN_EFF), layer=True,
+                    flops=bwd_flops)
         g3 = b.kern("flash_bwd_cvt", "elementwise", mem_ns(b.dev, io * 3), layer=True)
+        # (grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+        #  dropout_p, is_causal, philox_seed, philox_offset, scale[, window_size_left/right]);
+        # cum_seq_* are undefined tensors for a padded batch, philox_* 0-dim when no dropout.
+        q, qt = T([bs, nh, s, hd], dt), bshd(bs, nh, s, hd, dt)
+        lse, philox = T([bs, nh, s], "Float"), T([], "Long")
+        rest = (NONE, NONE, S(s), S(s), S(0.0), S("True"), philox, philox, NONE)
         grad_fn(b, mb, (li, "attn"), "ScaledDotProductFlashAttentionBackward0", [
             N("aten::_scaled_dot_product_flash_attention_backward", [
                 N("aten::_flash_attention_backward",
-                  [b.launch(g1), b.launch(g2), b.launch(g3)])])])
+                  [b.launch(g1), b.launch(g2), b.launch(g3)],
+                  info=b.info(qt, qt, qt, qt, qt, lse, *rest, NONE, NONE))],
+              info=b.info(q, q, q, q, q, lse, *rest))])
         return
-    mm_backward(b, mb, (li, "av"), bs * nh * s, s, hd, "BmmBackward0", ("bmm", "bmm"))
+    mm_backward(b, mb, (li, "av"), s, s, hd, "BmmBackward0", ("bmm", "bmm"), batch=bs * nh)
     g = b.kern("softmax_bwd", "softmax", mem_ns(b.dev, bs * nh * s * s * 6), layer=True)
     grad_fn(b, mb, (li, "softmax"), "SoftmaxBackward0",
             [N("aten::_softmax_backward_data", [b.launch(g)])])
-    mm_backward(b, mb, (li, "qk"), bs * nh * s, hd, s, "BaddbmmBackward0", ("bmm", "bmm"))
+    mm_backward(b, mb, (li, "qk"), s, hd, s, "BaddbmmBackward0", ("bmm", "bmm"), batch=bs * nh)
 
 
 def backward_layer(b, mb, li):

@@ -50,10 +50,10 @@ class Gpu:
     """One GPU activity: a kernel, memcpy or memset on a stream."""
 
     __slots__ = ("stream", "cat", "name", "dur", "shape", "deps", "comm", "gap", "nbytes",
-                 "graph", "launch", "start", "end", "step")
+                 "graph", "launch", "start", "end", "step", "flops")
 
     def __init__(self, stream, cat, name, dur, shape, deps=(), comm=None, gap=1500, nbytes=0,
-                 graph=None, step=0):
+                 graph=None, step=0, flops=0):
         self.stream = stream
         self.cat = cat            # kernel | gpu_memcpy | gpu_memset
         self.name = name
@@ -68,6 +68,7 @@ class Gpu:
         self.start = UNKNOWN
         self.end = UNKNOWN
         self.step = step
+        self.flops = flops        # matmul FLOPs of the shape-recorded op that launched it (truth)
 
 
 class Cpu:

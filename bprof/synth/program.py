@@ -99,15 +99,18 @@ class RankBuilder:
 
     # --- primitives used by layers.py ----------------------------------------------------------
 
-    def kern(self, key, shape, dur, *, layer=False, cat="kernel", nbytes=0, graph=None) -> Gpu:
-        """A compute-stream activity; it waits for whatever comm results are pending."""
+    def kern(self, key, shape, dur, *, layer=False, cat="kernel", nbytes=0, graph=None,
+             flops=0) -> Gpu:
+        """A compute-stream activity; it waits for whatever comm results are pending. `flops`:
+        the matmul/attention FLOPs this kernel executes for its launching op (planted truth)."""
         noise = 1.0 + 0.06 * (self.rng.random() - 0.5)
         gap = self.rnd(700, 2400)
         if cat == "kernel":
             noise *= self.compute_factor * (self.layer_factor if layer else 1.0)
         name = self.names[key] if cat == "kernel" else key
         g = Gpu(COMPUTE_STREAM, cat, name, max(1000, int(dur * noise)), shape,
-                deps=tuple(self.pending), gap=gap, nbytes=nbytes, graph=graph, step=self.step)
+                deps=tuple(self.pending), gap=gap, nbytes=nbytes, graph=graph, step=self.step,
+                flops=flops)
         self.pending = []
         self.last_compute = g
         if cat == "kernel":

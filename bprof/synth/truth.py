@@ -29,19 +29,23 @@ def scenario_dict(sc) -> dict:
 
 
 def step_stats(progs, insts) -> list[dict]:
-    """Per rank, per step: true start/duration, NCCL wait for the last peer, compute kernel time."""
+    """Per rank, per step: true start/duration, NCCL wait for the last peer, compute kernel time,
+    executed matmul/attention FLOPs and the time of the kernels that execute them."""
     stats = []
     for p in progs:
         n = len(p.step_ops)
-        compute = [0] * n
+        compute, flops, matmul = [0] * n, [0] * n, [0] * n
         for op in p.ops:
             for rt in op.rts:
                 for g in rt.gpus:
                     if g.cat == "kernel" and g.stream == COMPUTE_STREAM:
                         compute[g.step] += g.end - g.start
+                        if g.flops:
+                            flops[g.step] += g.flops
+                            matmul[g.step] += g.end - g.start
         stats.append({"ts": [op.t0 for op in p.step_ops],
                       "dur": [op.cpu[0].dur for op in p.step_ops],
-                      "wait": [0] * n, "compute": compute})
+                      "wait": [0] * n, "compute": compute, "flops": flops, "matmul": matmul})
     for inst in insts.values():
         for rank, g in inst.arrivals:
             stats[rank]["wait"][g.comm.step] += inst.last_arrival - g.start
@@ -139,6 +143,7 @@ def build_truth(sc, topo, progs, insts, files, clocks) -> dict:
             "steps": [sc.first_step + i for i in range(sc.steps)],
             "step_ts_ns": st["ts"], "step_dur_ns": st["dur"],
             "step_nccl_wait_ns": st["wait"], "step_compute_kernel_ns": st["compute"],
+            "step_executed_flops": st["flops"], "step_matmul_kernel_ns": st["matmul"],
         })
     return {
         "truth_version": TRUTH_VERSION,
