@@ -23,10 +23,11 @@ DEVICE_PROPS = {
 }
 
 # Dense 16-bit tensor peak (FLOP/s), HBM bandwidth (bytes/s), intra-host (NVLink) and inter-host
-# (one 200/400 Gb/s NIC per GPU) bus bandwidth in bytes/s. Only used to make durations plausible.
+# (one 200/400 Gb/s NIC per GPU) bus bandwidth in bytes/s; H100 also its dense FP8 peak (datasheet,
+# SXM). Only used to make durations plausible.
 DEVICE_PERF = {
     "A100": {"flops": 312e12, "hbm": 2.0e12, "nvlink": 230e9, "net": 24e9},
-    "H100": {"flops": 989e12, "hbm": 3.35e12, "nvlink": 370e9, "net": 48e9},
+    "H100": {"flops": 989e12, "fp8_flops": 1979e12, "hbm": 3.35e12, "nvlink": 370e9, "net": 48e9},
 }
 
 GEMM_EFF = 0.62
@@ -34,8 +35,9 @@ ATTN_EFF = 0.45
 MEM_EFF = 0.72
 
 
-def gemm_ns(device: str, flops: float, eff: float = GEMM_EFF) -> int:
-    return max(3_000, int(flops / (DEVICE_PERF[device]["flops"] * eff) * 1e9))
+def gemm_ns(device: str, flops: float, eff: float = GEMM_EFF, peak: str = "flops") -> int:
+    """Duration of `flops` at `eff` of a DEVICE_PERF peak ("flops": 16-bit, "fp8_flops")."""
+    return max(3_000, int(flops / (DEVICE_PERF[device][peak] * eff) * 1e9))
 
 
 def mem_ns(device: str, nbytes: float) -> int:
@@ -58,12 +60,15 @@ def comm_ns(device: str, op: str, nbytes: int, group_size: int, inter_host: bool
 
 # --- dtypes -------------------------------------------------------------------------------------
 
-ELEM_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Long": 8, "Byte": 1}
-TORCH_DTYPE = {"bf16": "BFloat16", "fp16": "Half"}          # record_param_comms `dtype`
+ELEM_BYTES = {"BFloat16": 2, "Half": 2, "Float": 4, "Long": 8, "Byte": 1, "Float8_e4m3fn": 1}
+# Activation dtype per compute dtype (record_param_comms `dtype`): fp8 runs keep bf16 activations
+# and cast only the GEMM operands.
+TORCH_DTYPE = {"bf16": "BFloat16", "fp16": "Half", "fp8": "BFloat16"}
 INPUT_TYPE = {"BFloat16": "c10::BFloat16", "Half": "c10::Half", "Float": "float",
-              "Long": "long int", "Byte": "unsigned char"}  # cpu_op `Input type`
-C10 = {"bf16": "c10::BFloat16", "fp16": "c10::Half"}
-CUTLASS = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t"}
+              "Long": "long int", "Byte": "unsigned char",
+              "Float8_e4m3fn": "c10::Float8_e4m3fn"}  # cpu_op `Input type` (caffe2 TypeMeta name)
+C10 = {"bf16": "c10::BFloat16", "fp16": "c10::Half", "fp8": "c10::BFloat16"}
+CUTLASS = {"bf16": "cutlass::bfloat16_t", "fp16": "cutlass::half_t", "fp8": "cutlass::bfloat16_t"}
 
 # --- NCCL kernel names --------------------------------------------------------------------------
 
@@ -93,6 +98,15 @@ def nccl_kernel_name(fmt: str, op: str, dtype: str, nbytes: int) -> str:
 # --- compute kernel names and launch shapes -----------------------------------------------------
 
 def _gemm_names(device: str, dt: str) -> dict[str, str]:
+    if dt == "fp8":  # cuBLASLt fp8 GEMMs on Hopper take only the TN layout: e4m3 in, bf16 out
+        x = "sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize"
+        tail = "_execute_segment_k_off_kernel__5x_cublas"
+        return {
+            "fwd": f"{x}128x128x128_warpgroupsize1x1x1{tail}",
+            "fwd2": f"{x}128x256x128_warpgroupsize2x1x1{tail}",
+            "dgrad": f"{x}256x128x128_warpgroupsize2x1x1{tail}",
+            "wgrad": f"{x}128x128x128_warpgroupsize1x1x1{tail}",
+        }
     if device == "H100":
         x = "bf16bf16_bf16f32_f32" if dt == "bf16" else "f16f16_f16f32_f32"
         return {
@@ -115,8 +129,16 @@ def _gemm_names(device: str, dt: str) -> dict[str, str]:
     }
 
 
+# TransformerEngine's bf16 -> fp8 e4m3 cast (transformer_engine/common/util/cast_kernels.cuh).
+FP8_CAST = ("void transformer_engine::cast_fp8_2D_kernel<false, false, transformer_engine::Empty, "
+            "&(float transformer_engine::identity<float>(float, transformer_engine::Empty const&)), "
+            "__nv_bfloat16, __nv_fp8_e4m3>(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, "
+            "float const*, float*, float*, float const*, unsigned long, unsigned long)")
+
+
 def kernel_names(device: str, dt: str) -> dict[str, str]:
-    """Kernel name per role for one device and compute dtype ("bf16" | "fp16")."""
+    """Kernel name per role for one device and compute dtype ("bf16" | "fp16" | "fp8": fp8
+    GEMMs and casts, every other kernel bf16)."""
     c, cu = C10[dt], CUTLASS[dt]
     ew = "void at::native::vectorized_elementwise_kernel<4, "
     gelu = ("at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)"
@@ -126,6 +148,8 @@ def kernel_names(device: str, dt: str) -> dict[str, str]:
               "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}::"
               f"operator()() const::{{lambda({c}, {c})#1}}")
     names = _gemm_names(device, dt)
+    if dt == "fp8":
+        names["fp8_cast"] = FP8_CAST
     names.update({
         "ln_fwd": "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel"
                   f"<{c}, float>(int, float, {c} const*, {c} const*, {c} const*, float*, "
@@ -215,6 +239,7 @@ LAUNCH = {
     "flash": ([16, 32, 1], [128, 1, 1], 255, 49152),
     "ln": ([2048, 1, 1], [128, 1, 1], 38, 0),
     "elementwise": ([65536, 1, 1], [128, 1, 1], 22, 0),
+    "cast": ([1024, 1, 1], [128, 1, 1], 40, 33792),
     "softmax": ([4096, 1, 1], [128, 1, 1], 40, 0),
     "reduce": ([1024, 1, 1], [512, 1, 1], 32, 4096),
     "optimizer": ([320, 1, 1], [512, 1, 1], 72, 0),

@@ -4,7 +4,9 @@ Megatron sequence-first activations [s, b, h]; column-parallel QKV/fc1 and row-p
 proj/fc2 (TP all-reduce after each row-parallel GEMM in forward and after each column-parallel
 dgrad in backward). `b` is a program.RankBuilder. Forward runs on the main thread, backward on the
 autograd thread as `autograd::engine::evaluate_function: XBackward0` ⊃ `XBackward0` ⊃ aten ops.
-The 2022 format uses the pre-SDPA attention (baddbmm, softmax, bmm).
+The 2022 format uses the pre-SDPA attention (baddbmm, softmax, bmm). An fp8 run (H100) casts
+the operands of the transformer layers' linears with TransformerEngine's cast op and multiplies
+them with torch._scaled_mm, forward and backward; attention and the LM head stay bf16.
 Every FLOP-carrying kernel gets `flops=`: the FLOPs of the shape-recorded op that launches it,
 by the same formula that sizes the kernel (truth.json sums them per step).
 """
@@ -32,6 +34,9 @@ def L(dims):
 
 
 NONE = ("N",)  # None, or an undefined Tensor: both are traced as type "" and dims []
+FP8 = "Float8_e4m3fn"
+TE_FLOAT8_E4M3 = 6  # transformer_engine DType::kFloat8E4M3, the cast op's otype argument
+SCALAR_TYPE_BF16 = 15  # c10::ScalarType::BFloat16: _scaled_mm's out_dtype as traced
 
 
 def bshd(bs, nh, s, hd, dtype):
@@ -89,8 +94,39 @@ def layer_ids(b) -> range:
 
 # --- forward ------------------------------------------------------------------------------------
 
+def fp8_linear(key) -> bool:
+    return key != "lm_head"  # fp8 recipes keep the output layer in bf16
+
+
+def fp8_cast(b, dims, slot):
+    """TransformerEngine's TorchScript cast, bf16 -> e4m3: tex_ts::cast_to_fp8_ts(input, scale,
+    amax_history, scale_inv, fp8_tensor, otype), one kernel reading 2 and writing 1 byte each."""
+    g = b.kern("fp8_cast", "cast", mem_ns(b.dev, prod(dims) * 3), layer=True)
+    meta = T([3], "Float")
+    return N("tex_ts::cast_to_fp8_ts", [b.launch(g)],
+             info=b.info(T(dims, b.act_dtype), meta, T([1024, 3], "Float"), meta, S(slot),
+                         S(TE_FLOAT8_E4M3)))
+
+
+def scaled_mm(b, role, m, k, n, fast_accum, seq=None):
+    """aten::_scaled_mm(mat1 [m, k] row-major, mat2 [k, n] column-major (cuBLASLt fp8 takes TN
+    only), scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum), tensorwise scales,
+    bf16 out; the kernel runs at the fp8 peak."""
+    flops = 2 * m * k * n
+    g = b.kern(role, "gemm", gemm_ns(b.dev, flops, peak="fp8_flops"), layer=True, flops=flops)
+    scale = T([], "Float")
+    return N("aten::_scaled_mm", [b.launch(g)],
+             info=b.info(T([m, k], FP8), T([k, n], FP8, [1, k]), scale, scale, NONE, NONE,
+                         S(SCALAR_TYPE_BF16), S(fast_accum), seq=seq))
+
+
 def linear(b, mb, key, in_dims, k, n, role):
     m, dt = prod(in_dims[:-1]), b.act_dtype
+    if b.fp8 and fp8_linear(key):  # an Fp8Linear autograd Function: no aten::linear
+        casts = [fp8_cast(b, in_dims, 0), fp8_cast(b, [n, k], 1)]
+        mm = scaled_mm(b, role, m, k, n, "True", seq=b.fwd_op_seq(mb, key))
+        b.emit(MAIN, [*casts, mm])
+        return
     flops = 2 * m * k * n
     g = b.kern(role, "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
     seq = b.fwd_op_seq(mb, key)
@@ -218,6 +254,11 @@ def mm_backward(b, mb, key, m, k, n, name="MmBackward0", kernels=("dgrad", "wgra
                 batch=None):
     """Gradients of a forward [(batch,) m, k] x [(batch,) k, n]: dgrad [m, n] x [n, k] and
     wgrad [k, m] x [m, n] (aten::bmm with the batch dim when `batch` is given)."""
+    if b.fp8 and name == "MmBackward0" and fp8_linear(key):
+        grad_fn(b, mb, key, "Fp8LinearBackward", [fp8_cast(b, [m, n], 0),
+                                                  scaled_mm(b, "dgrad", m, n, k, "False"),
+                                                  scaled_mm(b, "wgrad", k, m, n, "False")])
+        return
     dt, flops = b.act_dtype, 2 * m * k * n * (batch or 1)
     gd = b.kern(kernels[0], "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)
     gw = b.kern(kernels[1], "gemm", gemm_ns(b.dev, flops), layer=True, flops=flops)

@@ -58,6 +58,7 @@ class RankBuilder:
         self.modern = sc.fmt == "modern"
         self.dev = sc.device
         self.act_dtype = TORCH_DTYPE[sc.compute_dtype]
+        self.fp8 = sc.compute_dtype == "fp8"  # linear GEMMs as torch._scaled_mm on e4m3 operands
         self.names = kernel_names(sc.device, sc.compute_dtype)
         self.stage, self.dpi, self.tpi = topo.coords(rank)
         self.host = topo.host(rank)

@@ -78,7 +78,7 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     events_scale: float = 1.0
     device: str = "A100"
-    dtype: str | None = None  # "bf16" | "fp16"; None: bf16 for modern, fp16 for 2022
+    dtype: str | None = None  # "bf16" | "fp16" | "fp8"; None: bf16 for modern, fp16 for 2022
     dp_mode: str = "allreduce"  # "zero1": reduce-scatter grads, all-gather params
     hidden: int = 4096
     heads: int = 32
@@ -102,8 +102,11 @@ class Scenario:
             raise ValueError(f"device must be one of {DEVICES}")
         if self.dp_mode not in DP_MODES:
             raise ValueError(f"dp_mode must be one of {DP_MODES}")
-        if self.dtype not in (None, "bf16", "fp16"):
-            raise ValueError("dtype must be None, 'bf16' or 'fp16'")
+        if self.dtype not in (None, "bf16", "fp16", "fp8"):
+            raise ValueError("dtype must be None, 'bf16', 'fp16' or 'fp8'")
+        if self.dtype == "fp8" and (self.fmt != "modern" or self.device != "H100"):
+            raise ValueError("dtype='fp8' needs fmt='modern' and device='H100' "
+                             "(torch._scaled_mm on Hopper)")
         if self.hidden % self.heads or self.heads % self.tp or self.vocab % self.tp:
             raise ValueError("heads must divide hidden, and tp must divide heads and vocab")
         if self.world_size % self.hosts:

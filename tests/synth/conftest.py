@@ -14,6 +14,9 @@ MODERN = Scenario(tp=2, pp=2, dp=2, steps=2, first_step=5, layers=4, microbatche
 OLD = Scenario(tp=2, pp=2, dp=2, steps=2, first_step=1009, layers=2, microbatches=2,
                schedule="gpipe", hosts=2, fmt="2022", clock_offset_ns={1: -200_000},
                clock_jitter_ns=0, seed=3, dp_mode="zero1")
+FP8 = Scenario(tp=2, pp=2, dp=2, steps=2, first_step=20, layers=2, microbatches=2, hosts=2,
+               fmt="modern", device="H100", dtype="fp8", clock_offset_ns={1: -80_000},
+               clock_jitter_ns=1_000, seed=13)
 
 
 class Run:
@@ -32,6 +35,12 @@ def modern_run(tmp_path_factory):
 def old_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("f2022")
     return Run(OLD, path, write_run(OLD, path))
+
+
+@pytest.fixture(scope="session")
+def fp8_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fp8")
+    return Run(FP8, path, write_run(FP8, path))
 
 
 @pytest.fixture(scope="session", params=["modern", "2022"])
