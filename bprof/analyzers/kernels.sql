@@ -200,10 +200,12 @@ WITH matmul AS (
     SELECT rank, coalesce(step, -1), sum(work_ns) FROM _kn_mm
     WHERE leaf AND rank IN (SELECT rank FROM timeline_spans WHERE run_id = $run_id AND timeline = 'main_thread')
     GROUP BY rank, coalesce(step, -1)
+), by_dtype AS (
+    SELECT rank, coalesce(step, -1) AS step, dtype, sum(flops) AS flops, sum(work_ns) AS known_ns
+    FROM _kn_mm WHERE leaf AND flops IS NOT NULL GROUP BY ALL
 ), known AS (
-    SELECT rank, coalesce(step, -1) AS step, sum(flops) AS flops, sum(work_ns) AS known_ns,
-        arg_max(dtype, flops) AS dtype
-    FROM _kn_mm WHERE leaf AND flops IS NOT NULL GROUP BY rank, coalesce(step, -1)
+    SELECT rank, step, sum(flops) AS flops, sum(known_ns) AS known_ns, arg_max(dtype, flops) AS dtype
+    FROM by_dtype GROUP BY rank, step
 ), spans AS (
     SELECT rank, step FROM timeline_spans WHERE run_id = $run_id
 )
