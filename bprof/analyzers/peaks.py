@@ -38,13 +38,15 @@ def rank_peaks(con: duckdb.DuckDBPyConnection, run_id: int, options: Options, dt
         if options.peak_flops_per_s:
             out[rank] = RankPeak(options.peak_flops_per_s, None, "given on the command line (--peak-tflops)")
         elif on_gpu:
-            out[rank] = _gpu_peak(props_json, device_index, device_name, short or "bf16")
+            # unknown matmul dtype: the usual denominator, bf16 dense (fp16 on devices without bf16)
+            out[rank] = _gpu_peak(props_json, device_index, device_name, short or "bf16", fallback=None if short else "fp16")
         else:
             out[rank] = _cpu_peak(con, host, ranks_on_host, short or "fp32")
     return out
 
 
-def _gpu_peak(props_json: str | None, device_index: int | None, device_name: str | None, dtype: str) -> RankPeak:
+def _gpu_peak(props_json: str | None, device_index: int | None, device_name: str | None, dtype: str,
+              fallback: str | None = None) -> RankPeak:
     props = json.loads(props_json) if props_json else []
     mine = [p for p in props if p.get("id") == device_index] or props[:1]
     if not mine:
@@ -55,6 +57,8 @@ def _gpu_peak(props_json: str | None, device_index: int | None, device_name: str
         return RankPeak(None, None, f"unknown device {mine[0].get('name')!r} (not in bprof's peak table); "
                                     "give the peak with --peak-tflops")
     found = matmul_peak(peaks, dtype)
+    if found is None and fallback:
+        dtype, found = fallback, matmul_peak(peaks, fallback)
     if found is None:
         return RankPeak(None, peaks.mem_bytes_per_s, f"{peaks.device_id} has no {dtype} matmul peak; give one with --peak-tflops")
     flops, which = found
