@@ -78,7 +78,7 @@ WITH gaps AS (
 ), spans AS (
     SELECT rank, step, ts_ns, ts_ns + dur_ns AS end_ns FROM timeline_spans WHERE run_id = $run_id
 ), ev AS (
-    SELECT e.rank, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
+    SELECT e.rank, e.tid, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
         CASE WHEN e.name LIKE 'bprof/gc.gen%' THEN 0
              WHEN e.name LIKE 'enumerate(DataLoader)#%' OR lower(e.name) LIKE '%dataloader%' THEN 1
              WHEN t.tid IS NULL THEN NULL
@@ -90,11 +90,17 @@ WITH gaps AS (
     FROM events e LEFT JOIN _idle_threads t ON t.rank = e.rank AND t.tid = e.tid
     WHERE e.run_id = $run_id AND e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver') AND e.dur_ns > 0
       AND e.name NOT LIKE 'ProfilerStep#%'  -- a cpu_op in 2021 traces: it would hold every gap
+), in_gap AS (
+    -- Only intervals that overlap a gap matter, and of those only the outermost of each class on a
+    -- thread. A rank's gaps are disjoint, so the gap starting last before an interval ends is the
+    -- only candidate that can tell whether it overlaps any (an earlier one ends earlier still).
+    SELECT ev.* FROM ev ASOF JOIN gaps g ON g.rank = ev.rank AND ev.end_ns > g.ts_ns
+    WHERE ev.cls IS NOT NULL AND ev.ts_ns < g.end_ns
+    QUALIFY coalesce(max(ev.end_ns) OVER (PARTITION BY ev.rank, ev.tid, ev.cls ORDER BY ev.ts_ns, ev.end_ns DESC
+                                          ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), -1) < ev.end_ns
 ), in_span AS (
     SELECT s.rank, s.step, ev.cls, greatest(ev.ts_ns, s.ts_ns) AS ts_ns, least(ev.end_ns, s.end_ns) AS end_ns
-    FROM ev JOIN spans s ON s.rank = ev.rank AND ev.ts_ns < s.end_ns AND ev.end_ns > s.ts_ns
-    WHERE ev.cls IS NOT NULL
-      AND EXISTS (SELECT 1 FROM gaps g WHERE g.rank = s.rank AND g.step = s.step)
+    FROM in_gap ev JOIN spans s ON s.rank = ev.rank AND ev.ts_ns < s.end_ns AND ev.end_ns > s.ts_ns
 )
 SELECT {'rank': rank, 'step': step} AS key, cls, ts_ns, end_ns FROM in_span
 UNION ALL

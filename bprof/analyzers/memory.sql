@@ -45,7 +45,7 @@ COMMENT ON COLUMN memory_top_ops.num_allocs IS 'Allocations made inside it.';
 COMMENT ON COLUMN memory_top_ops.alloc_bytes IS 'Bytes they allocated.';
 COMMENT ON COLUMN memory_top_ops.max_alloc_bytes IS 'Largest single allocation.';
 
-CREATE OR REPLACE TEMP TABLE _mem_ev AS
+CREATE OR REPLACE TEMP TABLE _memory_ev AS
 WITH raw AS (
     SELECT rank, tid, ts_ns,
         TRY_CAST(args->>'$."Device Type"' AS INTEGER) AS device_type,
@@ -75,7 +75,7 @@ FROM levels;
 
 INSERT INTO memory_steps
 WITH in_span AS (
-    SELECT s.step, m.* FROM _mem_ev m JOIN timeline_spans s ON s.run_id = $run_id AND s.rank = m.rank
+    SELECT s.step, m.* FROM _memory_ev m JOIN timeline_spans s ON s.run_id = $run_id AND s.rank = m.rank
         AND m.ts_ns >= s.ts_ns AND m.ts_ns < s.ts_ns + s.dur_ns
 )
 SELECT $run_id, rank, step, device,
@@ -95,7 +95,7 @@ WITH ops AS (
 ), top_ops AS (
     SELECT rank, tid, name, ts_ns, end_ns FROM ops WHERE prev_end_ns IS NULL OR prev_end_ns <= ts_ns
 ), allocs AS (
-    SELECT m.* FROM _mem_ev m JOIN timeline_spans s ON s.run_id = $run_id AND s.rank = m.rank
+    SELECT m.* FROM _memory_ev m JOIN timeline_spans s ON s.run_id = $run_id AND s.rank = m.rank
         AND m.ts_ns >= s.ts_ns AND m.ts_ns < s.ts_ns + s.dur_ns
     WHERE m.bytes > 0
 ), held AS (

@@ -11,15 +11,16 @@
 --   name contains "dataloader", such as bprof/dataloader). A rank with no such range anywhere: the
 --   host-idle time (in no op at all) of a step before its first forward op.
 -- * backward: inside an `autograd::engine::evaluate_function: ...` range or a `*Backward*` op.
--- * recompute: a forward op inside a backward range: activation checkpointing re-runs the forward
---   during the backward (torch.utils.checkpoint, reentrant or not, shows no range of its own). A
---   forward op is an op the autograd dispatcher recorded with a `Sequence number`, which it does
---   only in grad mode; the backward itself runs without grad mode (unless create_graph=True, e.g.
---   double backward, which would be counted here too).
--- * forward: a forward op (as above) outside backward ranges that starts before the end of its
---   step's last backward range (ops after the last backward, e.g. hand-written gradient all-reduce
---   buckets in grad mode, are not forward). A rank whose ops carry no Sequence number (old traces):
---   any op outside the other phases, with the same limit.
+-- * recompute: an op with a `Sequence number` inside a backward range: activation checkpointing
+--   re-runs the forward during the backward (torch.utils.checkpoint, reentrant or not, shows no
+--   range of its own). The autograd dispatcher writes a Sequence number only in grad mode, and the
+--   backward itself runs without grad mode (unless create_graph=True, e.g. double backward, which
+--   would be counted here too).
+-- * forward: an op outside backward ranges that recorded an autograd node (it has a Sequence number
+--   and the next such op on its thread has a larger one: the counter moved), starting before the
+--   end of its step's last backward range. Ops in grad mode that record no node (loss logging,
+--   hand-written gradient all-reduce buckets) are not forward. A rank whose ops carry no Sequence
+--   number (old traces): any op outside the other phases, with the same last-backward limit.
 -- * Priority where several apply: optimizer, data_wait, recompute, backward, forward.
 -- * Time in none of these (Python between ops, unclassified ops, communication at top level) takes
 --   the phase of the activity before and after it when both are the same phase, else it is other.
@@ -58,7 +59,7 @@ COMMENT ON COLUMN phases_ranks.share_frac IS 'Share of the rank''s total span ti
 COMMENT ON COLUMN phases_ranks.median_device_idle_ns IS 'Median over steps of phases_steps.device_idle_ns; NULL on CPU traces.';
 
 -- Host threads: the main thread of each rank, and every thread with backward ranges.
-CREATE OR REPLACE TEMP TABLE _ph_threads AS
+CREATE OR REPLACE TEMP TABLE _phases_threads AS
 SELECT DISTINCT rank, main_tid AS tid FROM timeline_spans WHERE run_id = $run_id AND main_tid IS NOT NULL
 UNION
 SELECT DISTINCT rank, tid FROM events
@@ -67,26 +68,31 @@ WHERE run_id = $run_id AND kind = 'cpu_op'
 
 -- Host ranges and ops with what each is. Algorithm: ranges on one thread nest, so an op lies inside
 -- a backward range exactly when the running maximum end of the backward ranges that start no later
--- than it (in start order, backward ranges first on ties) is past its start.
-CREATE OR REPLACE TEMP TABLE _ph_host AS
+-- than it (in start order, backward ranges first on ties) is past its start. The autograd sequence
+-- counter is per thread and grows by one with each node recorded, so an op recorded a node exactly
+-- when the next op with a Sequence number on its thread (in start order) carries a larger one.
+CREATE OR REPLACE TEMP TABLE _phases_host AS
 WITH ev AS (
     SELECT e.rank, e.tid, e.kind, e.name, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
         (e.name LIKE 'Optimizer.step#%' OR e.name LIKE 'Optimizer.zero_grad#%') AS is_opt,
         (e.name LIKE 'enumerate(DataLoader)#%' OR lower(e.name) LIKE '%dataloader%') AS is_data,
         (e.kind = 'cpu_op' AND (e.name LIKE 'autograd::engine::evaluate_function:%' OR e.name LIKE '%Backward%')) AS is_bwd,
-        (e.kind = 'cpu_op' AND e.args->>'$."Sequence number"' IS NOT NULL
-         AND e.name NOT LIKE 'autograd::%' AND e.name NOT LIKE 'torch::autograd::%' AND e.name NOT LIKE '%Backward%') AS has_seq
-    FROM events e JOIN _ph_threads t ON t.rank = e.rank AND t.tid = e.tid
+        CASE WHEN e.kind = 'cpu_op' AND e.name NOT LIKE 'autograd::%' AND e.name NOT LIKE 'torch::autograd::%'
+                  AND e.name NOT LIKE '%Backward%'
+             THEN TRY_CAST(e.args->>'$."Sequence number"' AS BIGINT) END AS seq
+    FROM events e JOIN _phases_threads t ON t.rank = e.rank AND t.tid = e.tid
     WHERE e.run_id = $run_id AND e.kind IN ('cpu_op', 'user_annotation') AND e.dur_ns > 0
       AND e.name NOT LIKE 'ProfilerStep#%'
 ), nested AS (
-    SELECT *,
+    SELECT *, seq IS NOT NULL AS has_seq,
         coalesce(max(CASE WHEN is_bwd THEN end_ns END) OVER (
             PARTITION BY rank, tid ORDER BY ts_ns, is_bwd DESC, end_ns DESC
-            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) > ts_ns AS in_bwd
+            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) > ts_ns AS in_bwd,
+        -- the last one of a thread: assumed to record a node (the last-backward rule below still applies)
+        coalesce(seq < lead(seq IGNORE NULLS) OVER (PARTITION BY rank, tid ORDER BY ts_ns, end_ns DESC), true) AS records_node
     FROM ev
 ), seq_known AS (
-    SELECT rank, bool_or(has_seq) AS seq_known FROM ev GROUP BY rank
+    SELECT rank, bool_or(seq IS NOT NULL) AS seq_known FROM ev GROUP BY rank
 ), data_known AS (
     SELECT rank, bool_or(is_data) AS data_known FROM ev GROUP BY rank
 )
@@ -95,25 +101,31 @@ SELECT n.*, s.seq_known, d.data_known,
          WHEN n.is_data THEN 1
          WHEN n.kind = 'cpu_op' AND n.in_bwd AND n.has_seq THEN 2
          WHEN n.is_bwd THEN 3
-         WHEN n.kind = 'cpu_op' AND NOT n.in_bwd AND (n.has_seq OR NOT s.seq_known) THEN 4
+         WHEN n.kind = 'cpu_op' AND NOT n.in_bwd AND ((n.has_seq AND n.records_node) OR NOT s.seq_known) THEN 4
     END AS cls
 FROM nested n JOIN seq_known s USING (rank) JOIN data_known d USING (rank);
 
 -- The intervals of every span, clipped to it: 0 optimizer, 1 data_wait, 2 recompute, 3 backward,
 -- 4 forward, 5 device activity (GPU traces), 6 any host op, 7 the span itself.
-CREATE OR REPLACE TEMP TABLE _ph_iv AS
+CREATE OR REPLACE TEMP TABLE _phases_iv AS
 WITH spans AS (
     SELECT rank, step, ts_ns, ts_ns + dur_ns AS end_ns FROM timeline_spans WHERE run_id = $run_id AND dur_ns > 0
 ), host AS (
-    SELECT rank, ts_ns, end_ns, cls FROM _ph_host WHERE cls IS NOT NULL
+    SELECT rank, tid, ts_ns, end_ns, cls FROM _phases_host WHERE cls IS NOT NULL
     UNION ALL
-    SELECT rank, ts_ns, end_ns, 6 FROM _ph_host WHERE kind = 'cpu_op'
+    SELECT rank, tid, ts_ns, end_ns, 6 FROM _phases_host WHERE kind = 'cpu_op'
     UNION ALL
-    SELECT rank, ts_ns, ts_ns + dur_ns, 5 FROM events
+    SELECT rank, 'stream ' || coalesce(stream, -1), ts_ns, ts_ns + dur_ns, 5 FROM events
     WHERE run_id = $run_id AND kind IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND dur_ns > 0
+), outermost AS (
+    -- an interval inside an earlier one of its class on its thread adds nothing to the class: most
+    -- ops are children of other ops, and the sweep below costs by the interval
+    SELECT * FROM host
+    QUALIFY coalesce(max(end_ns) OVER (PARTITION BY rank, tid, cls ORDER BY ts_ns, end_ns DESC
+                                       ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), -1) < end_ns
 ), clipped AS (
     SELECT s.rank, s.step, h.cls, greatest(h.ts_ns, s.ts_ns) AS ts_ns, least(h.end_ns, s.end_ns) AS end_ns
-    FROM host h JOIN spans s ON s.rank = h.rank AND h.ts_ns < s.end_ns AND h.end_ns > s.ts_ns
+    FROM outermost h JOIN spans s ON s.rank = h.rank AND h.ts_ns < s.end_ns AND h.end_ns > s.ts_ns
 ), last_bwd AS (
     SELECT rank, step, max(end_ns) AS last_bwd_end_ns FROM clipped WHERE cls IN (2, 3) GROUP BY rank, step
 )
@@ -126,12 +138,12 @@ SELECT {'rank': rank, 'step': step}, 7, ts_ns, end_ns FROM spans;
 -- Algorithm: label each elementary segment by the priority above; then a segment with no phase
 -- takes the phase of the nearest labelled segments before and after it when they agree (the data
 -- fallback first: host-idle time before the step's first forward op on a rank without data ranges).
-CREATE OR REPLACE TEMP TABLE _ph_seg AS
+CREATE OR REPLACE TEMP TABLE _phases_seg AS
 WITH seg AS (
     SELECT key.rank AS rank, key.step AS step, ts_ns, end_ns, mask & 32 > 0 AS device_active, mask & 64 > 0 AS in_op,
         CASE WHEN mask & 1 > 0 THEN 'optimizer' WHEN mask & 2 > 0 THEN 'data_wait' WHEN mask & 4 > 0 THEN 'recompute'
              WHEN mask & 8 > 0 THEN 'backward' WHEN mask & 16 > 0 THEN 'forward' END AS label
-    FROM iv_segments('_ph_iv')
+    FROM iv_segments('_phases_iv')
     WHERE mask & 128 > 0
 ), ctx AS (
     SELECT *,
@@ -151,14 +163,14 @@ SELECT c.rank, c.step, c.ts_ns, c.end_ns, c.device_active,
          WHEN c.prev_label = c.next_label THEN c.prev_label
          ELSE 'other' END AS phase
 FROM ctx c
-LEFT JOIN (SELECT DISTINCT rank, data_known FROM _ph_host) d USING (rank);
+LEFT JOIN (SELECT DISTINCT rank, data_known FROM _phases_host) d USING (rank);
 
 -- Device work launched from each phase: runtime calls on host threads, matched to device ops by
 -- correlation id; the launch's phase is the phase of the segment holding the call's start.
-CREATE OR REPLACE TEMP TABLE _ph_launched AS
+CREATE OR REPLACE TEMP TABLE _phases_launched AS
 WITH launches AS (
     SELECT e.rank, e.ts_ns, e.correlation
-    FROM events e JOIN _ph_threads t ON t.rank = e.rank AND t.tid = e.tid
+    FROM events e JOIN _phases_threads t ON t.rank = e.rank AND t.tid = e.tid
     WHERE e.run_id = $run_id AND e.kind IN ('cuda_runtime', 'cuda_driver') AND e.correlation IS NOT NULL
 ), dev AS (
     SELECT rank, correlation, ts_ns, ts_ns + dur_ns AS end_ns FROM events
@@ -166,7 +178,7 @@ WITH launches AS (
 ), phased AS (
     -- segments of a rank never overlap: the one starting last at or before the call may hold it
     SELECT l.rank, l.correlation, s.step, s.phase
-    FROM launches l ASOF JOIN _ph_seg s ON s.rank = l.rank AND l.ts_ns >= s.ts_ns
+    FROM launches l ASOF JOIN _phases_seg s ON s.rank = l.rank AND l.ts_ns >= s.ts_ns
     WHERE l.ts_ns < s.end_ns
 )
 SELECT {'rank': p.rank, 'step': p.step, 'phase': p.phase} AS key, 0 AS cls,
@@ -181,13 +193,13 @@ WITH phases AS (
 ), host AS (
     SELECT rank, step, phase, sum(end_ns - ts_ns) AS dur_ns,
         sum(end_ns - ts_ns) FILTER (WHERE NOT device_active) AS idle_ns
-    FROM _ph_seg GROUP BY ALL
+    FROM _phases_seg GROUP BY ALL
 ), busy AS (
     SELECT key.rank AS rank, key.step AS step, key.phase AS phase, sum(end_ns - ts_ns) AS busy_ns
-    FROM iv_union('_ph_launched') GROUP BY ALL
+    FROM iv_union('_phases_launched') GROUP BY ALL
 ), ops AS (
     SELECT key.rank AS rank, key.step AS step, key.phase AS phase, count(*) AS num_ops
-    FROM _ph_launched GROUP BY ALL
+    FROM _phases_launched GROUP BY ALL
 )
 SELECT $run_id, s.rank, s.step, p.phase,
     CAST(coalesce(h.dur_ns, 0) AS BIGINT), coalesce(h.dur_ns, 0) / s.dur_ns,
