@@ -2,9 +2,8 @@
 -- doing meanwhile: syncing, collecting garbage, loading data, launching work, or anything else.
 -- Reads breakdown_idle_gaps, timeline_spans, events; writes idle_causes, idle_gaps and idle_ops.
 --
--- Definitions (the README repeats them). The host threads are the rank's main thread and every
--- thread with backward ranges (the autograd engine's). Each instant of a gap gets one cause, in
--- this priority:
+-- Definitions. The host threads are the rank's main thread and every thread with backward ranges
+-- (the autograd engine's). Each instant of a gap gets one cause, in this priority:
 -- * gc: any thread of the rank is inside a `bprof/gc.gen<N>` range (a Python garbage collection
 --   recorded by bprof record).
 -- * data_loading: any thread is inside a data-loading range (`enumerate(DataLoader)#...`, or a
@@ -19,8 +18,9 @@
 --   and torch.compile remove). CPU work inside an op (e.g. DDP's unflatten_dense_tensors) counts
 --   here too; idle_ops names the operators that hold the time.
 -- * host_other: none of these: Python between ops, user ranges.
--- On CPU traces the gaps are the main thread in no range at all, so only gc (when ranges are not
--- counted as busy) and host_other can occur: Python overhead between ops.
+-- On CPU traces the gaps are the main thread in no range at all: breakdown counts every range,
+-- bprof/gc.gen<N> and data loading included, as busy (other), so only host_other occurs there:
+-- Python overhead between ops.
 
 CREATE TABLE IF NOT EXISTS idle_causes (
     run_id INTEGER NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, cause VARCHAR NOT NULL,

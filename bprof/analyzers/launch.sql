@@ -2,7 +2,7 @@
 -- and the idle gaps between them (what CUDA graphs or torch.compile would remove), CUDA graphs.
 -- Reads timeline_spans, breakdown_idle_gaps, events; writes launch_steps and launch_tiny_kernels.
 --
--- Definitions (the README repeats them):
+-- Definitions:
 -- * A launch is a CUDA/HIP runtime or driver call whose correlation id some device op (kernel,
 --   memcpy, memset) carries. A graph launch ($graph_launch_names, from
 --   bprof.kernels.classify.is_graph_launch) shares its correlation with every kernel it replays.

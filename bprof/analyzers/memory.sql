@@ -2,7 +2,7 @@
 -- hold more than its peers? From the allocator's `[memory]` instant events (profile_memory=True).
 -- Reads timeline_spans, events; writes memory_steps and memory_top_ops.
 --
--- Definitions (the README repeats them):
+-- Definitions:
 -- * Each `[memory]` event is one allocation (Bytes > 0) or free (Bytes < 0) on one device
 --   (Device Type 0 = cpu, 1 = cuda:<Device Id>). Modern traces also write the allocator's
 --   "Total Allocated" and "Total Reserved" after the event: the level is absolute. Older traces

@@ -2,9 +2,9 @@
 -- each rank's host in, for how long per step, and how much device work does each phase launch?
 -- Reads timeline_spans, events; writes phases_steps and phases_ranks.
 --
--- Definitions (the README repeats them). The host of a rank is its main thread (timeline_spans)
--- plus every thread that runs backward ranges (the autograd engine's device threads on GPU runs;
--- the main thread blocks in loss.backward() meanwhile). On the host:
+-- Definitions. The host of a rank is its main thread (timeline_spans) plus every thread that runs
+-- backward ranges (the autograd engine's device threads on GPU runs; the main thread blocks in
+-- loss.backward() meanwhile). On the host:
 -- * optimizer: inside an `Optimizer.step#...` or `Optimizer.zero_grad#...` range (clipped to the
 --   span: a ProfilerStep boundary can fall inside Optimizer.step).
 -- * data_wait: inside a data-loading range (`enumerate(DataLoader)#...__next__`, or any range whose
