@@ -14,7 +14,7 @@
 --   in a c10d call, a wait or a gloo:* range, or time when a gloo:* range runs on a worker thread
 --   while it computes nothing; overlapped communication = gloo:* work on worker threads while it
 --   computes; other = inside any other range (autograd wrappers, data loading, optimizer glue);
---   idle = in no range at all (Python between ops).
+--   idle = in no range at all (Python between ops), or in a bprof/gc.gen<N> garbage-collection range.
 -- * Each instant of a span gets one label, in this priority: main thread blocked in
 --   communication -> exposed_comm; communication and compute -> overlapped_comm; compute ->
 --   compute; communication -> exposed_comm; memcpy/memset -> memcpy; sync or other range ->
@@ -142,7 +142,9 @@ WITH spans AS (
     WHERE on_main AND NOT is_comm AND kind = 'cpu_op' AND name LIKE '%::%'
       AND name NOT LIKE 'autograd::%' AND name NOT LIKE 'profiler::%'
     UNION ALL
-    SELECT rank, ts_ns, end_ns, 3 FROM cpu WHERE on_main AND NOT is_comm
+    -- a garbage-collection pause (bprof/gc.gen<N>, recorded by bprof) does no work: it stays idle,
+    -- and idle attribution names it
+    SELECT rank, ts_ns, end_ns, 3 FROM cpu WHERE on_main AND NOT is_comm AND name NOT LIKE 'bprof/gc.%'
 ), clipped AS (
     SELECT {'rank': s.rank, 'step': s.step} AS key, i.cls,
         greatest(i.ts_ns, s.ts_ns) AS ts_ns, least(i.end_ns, s.end_ns) AS end_ns

@@ -18,9 +18,9 @@
 --   and torch.compile remove). CPU work inside an op (e.g. DDP's unflatten_dense_tensors) counts
 --   here too; idle_ops names the operators that hold the time.
 -- * host_other: none of these: Python between ops, user ranges.
--- On CPU traces the gaps are the main thread in no range at all: breakdown counts every range,
--- bprof/gc.gen<N> and data loading included, as busy (other), so only host_other occurs there:
--- Python overhead between ops.
+-- On CPU traces the gaps are the main thread in no range at all, or in a bprof/gc.gen<N> range
+-- (breakdown counts every other range, data loading included, as busy): gc or host_other occur
+-- there, the latter being Python overhead between ops.
 
 CREATE TABLE IF NOT EXISTS idle_causes (
     run_id INTEGER NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, cause VARCHAR NOT NULL,

@@ -139,3 +139,16 @@ def test_synthetic_compute_time_matches_planted_kernels(synth_run, monkeypatch):
             assert got[(r["rank"], step)] == pytest.approx(planted, rel=0.02), (r["rank"], step)
     for row in _steps(con, run_id):
         assert sum(row[f] for f in FRACS) == pytest.approx(1.0)
+
+
+def test_cpu_gc_pause_is_idle_and_attributed_to_gc(tmp_path, monkeypatch):
+    monkeypatch.setattr(analysis, "ANALYZERS", ["timeline", "breakdown", "idle"])
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=[(0, 1, 0, 100)], events=[
+        {"kind": "cpu_op", "name": "aten::mm", "ts_ns": 10, "dur_ns": 20},
+        {"kind": "user_annotation", "name": "bprof/gc.gen2", "ts_ns": 40, "dur_ns": 30},
+    ])
+    analysis.analyze_run(con, run_id, Options())
+    [row] = _steps(con, run_id)
+    assert (row["compute_ns"], row["idle_ns"], row["other_ns"]) == (20, 80, 0)
+    causes = dict(con.execute("SELECT cause, dur_ns FROM idle_causes WHERE run_id = ?", [run_id]).fetchall())
+    assert causes["gc"] == 30 and causes["host_other"] == 50
