@@ -7,7 +7,8 @@ Each configuration is a synthetic NCCL run (bprof.synth, tp=2 pp=2 dp=world/4, 3
 into its own store; `analyze_run` (every analyzer) then runs --repeat times in this process and the
 best wall time counts. It prints events, seconds, events/s and the time ratio against the smallest
 configuration measured in the same run (the machine is shared and noisy: compare ratios, not
-absolute times). Linear cost means the time ratio follows the events ratio.
+absolute times). Linear cost means the time ratio follows the events ratio. Seconds per analyzer
+are shown in parentheses.
 """
 
 from __future__ import annotations
@@ -34,13 +35,18 @@ def measure(world: int, events_scale: float, repeat: int, tmp: Path) -> dict:
                        events_scale=events_scale), out / "run", gzip=False)
     con = open_store(out / "s.duckdb")
     [r] = ingest_paths(con, [out / "run"], IngestOptions(name="bench"))
-    best = float("inf")
+    best, per_analyzer = float("inf"), {}
     for _ in range(repeat):
+        marks = []
         t0 = time.perf_counter()
-        analyze_run(con, r.run_id, Options())
-        best = min(best, time.perf_counter() - t0)
+        analyze_run(con, r.run_id, Options(), progress=lambda name: marks.append((name, time.perf_counter())))
+        total = time.perf_counter() - t0
+        if total < best:
+            ends = [t for _, t in marks[1:]] + [t0 + total]
+            best, per_analyzer = total, {name: end - t for (name, t), end in zip(marks, ends)}
     con.close()
-    return {"ranks": world, "events_scale": events_scale, "events": r.num_events, "seconds": best}
+    return {"ranks": world, "events_scale": events_scale, "events": r.num_events, "seconds": best,
+            "per_analyzer": per_analyzer}
 
 
 def main() -> None:
@@ -55,7 +61,8 @@ def main() -> None:
             rows.append(measure(world, scale, args.repeat, Path(tmp)))
             r = rows[-1]
             print(f"ranks {r['ranks']:>4}  events_scale {r['events_scale']:>3}  events {r['events']:>10,}  "
-                  f"analyze {r['seconds']:7.2f} s  {r['events'] / r['seconds']:>10,.0f} events/s", flush=True)
+                  f"analyze {r['seconds']:7.2f} s  {r['events'] / r['seconds']:>10,.0f} events/s  ("
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r["per_analyzer"].items()) + ")", flush=True)
     base = rows[0]
     print("\nratios against the first configuration (same run):")
     for r in rows:
