@@ -64,11 +64,7 @@ COMMENT ON COLUMN idle_ops.dur_ns IS 'Idle time of this cause spent inside the o
 COMMENT ON COLUMN idle_ops.num_gaps IS 'Number of idle gaps it overlaps.';
 
 CREATE OR REPLACE TEMP TABLE _idle_threads AS
-SELECT DISTINCT rank, main_tid AS tid FROM timeline_spans WHERE run_id = $run_id AND main_tid IS NOT NULL
-UNION
-SELECT DISTINCT rank, tid FROM events
-WHERE run_id = $run_id AND kind = 'cpu_op'
-  AND (name LIKE 'autograd::engine::evaluate_function:%' OR name LIKE '%Backward%');
+SELECT rank, tid FROM timeline_threads WHERE run_id = $run_id;
 
 -- Host intervals inside the gaps, clipped to them: 0 gc range, 1 data-loading range, 2 sync call,
 -- 3 operator or runtime call on a host thread, 7 the gap itself.

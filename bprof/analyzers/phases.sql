@@ -60,11 +60,7 @@ COMMENT ON COLUMN phases_ranks.median_device_idle_ns IS 'Median over steps of ph
 
 -- Host threads: the main thread of each rank, and every thread with backward ranges.
 CREATE OR REPLACE TEMP TABLE _phases_threads AS
-SELECT DISTINCT rank, main_tid AS tid FROM timeline_spans WHERE run_id = $run_id AND main_tid IS NOT NULL
-UNION
-SELECT DISTINCT rank, tid FROM events
-WHERE run_id = $run_id AND kind = 'cpu_op'
-  AND (name LIKE 'autograd::engine::evaluate_function:%' OR name LIKE '%Backward%');
+SELECT rank, tid FROM timeline_threads WHERE run_id = $run_id;
 
 -- Host ranges and ops with what each is. Algorithm: ranges on one thread nest, so an op lies inside
 -- a backward range exactly when the running maximum end of the backward ranges that start no later

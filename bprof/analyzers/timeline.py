@@ -1,6 +1,7 @@
 """Which span of time is each rank's step, and what stands for its device (timeline_spans)?
 
-Reads steps and events; writes timeline_spans, which every other analyzer partitions.
+Reads steps and events; writes timeline_spans, which every other analyzer partitions, and
+timeline_threads, the host threads (main and backward) that drive each rank.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import duckdb
 from bprof.analyzers.base import Options, Result, not_measurable, run_sql
 
 NAME = "timeline"
-TABLES = ["timeline_spans"]
+TABLES = ["timeline_spans", "timeline_threads"]
 
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:

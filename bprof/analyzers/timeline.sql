@@ -26,7 +26,21 @@ COMMENT ON COLUMN timeline_spans.dur_ns IS 'Span length: to the next consecutive
 COMMENT ON COLUMN timeline_spans.timeline IS 'What stands for the device: device (GPU kernels, memcpy, memset on all streams) or main_thread (CPU traces: the training thread).';
 COMMENT ON COLUMN timeline_spans.main_tid IS 'The training (main) thread: the thread of the ProfilerStep ranges, else the busiest CPU-op thread.';
 
+CREATE TABLE IF NOT EXISTS timeline_threads (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    tid VARCHAR NOT NULL,
+    role VARCHAR NOT NULL,
+    PRIMARY KEY (run_id, rank, tid)
+);
+COMMENT ON TABLE timeline_threads IS 'The host threads that drive a rank''s training: its main thread and the threads that run backward.';
+COMMENT ON COLUMN timeline_threads.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN timeline_threads.rank IS 'Global rank.';
+COMMENT ON COLUMN timeline_threads.tid IS 'Thread id as traced.';
+COMMENT ON COLUMN timeline_threads.role IS 'main (timeline_spans.main_tid) or backward (a thread with autograd engine ranges or *Backward ops: the autograd thread of GPU runs).';
+
 DELETE FROM timeline_spans WHERE run_id = $run_id;
+DELETE FROM timeline_threads WHERE run_id = $run_id;
 
 INSERT INTO timeline_spans
 WITH dev AS (
@@ -73,3 +87,11 @@ UNION ALL
 SELECT $run_id, r.rank, -1, r.first_ts_ns, r.last_end_ns - r.first_ts_ns, r.timeline, r.main_tid
 FROM ranks r
 WHERE r.first_ts_ns IS NOT NULL AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = $run_id AND s.rank = r.rank);
+
+INSERT INTO timeline_threads
+SELECT $run_id, rank, tid, 'main' FROM (SELECT DISTINCT rank, main_tid AS tid FROM timeline_spans WHERE run_id = $run_id AND main_tid IS NOT NULL)
+UNION ALL
+SELECT DISTINCT $run_id, e.rank, e.tid, 'backward' FROM events e
+WHERE e.run_id = $run_id AND e.kind = 'cpu_op' AND e.tid IS NOT NULL
+  AND (e.name LIKE 'autograd::engine::evaluate_function:%' OR e.name LIKE '%Backward%')
+  AND NOT EXISTS (SELECT 1 FROM timeline_spans s WHERE s.run_id = $run_id AND s.rank = e.rank AND s.main_tid = e.tid);
