@@ -91,10 +91,7 @@ def _unknown_finding(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Findin
     total, unknown, names = con.execute("""
         SELECT sum(dur_ns), sum(dur_ns) FILTER (WHERE fine_class = 'unknown'),
                list(DISTINCT name) FILTER (WHERE fine_class = 'unknown')
-        FROM _kn_rows
-        -- CPU ops without a namespace are Python autograd functions and wrappers, not kernels: their
-        -- self time (often a wait) is no gap in the catalogue
-        WHERE kind <> 'cpu_op' OR name LIKE '%::%'""").fetchone()
+        FROM _kn_rows""").fetchone()
     if not unknown:
         return []
     names = sorted(names)[:20]

@@ -3,7 +3,8 @@
 -- (name, kind)) and _kn_costs (FLOPs and bytes per distinct op signature, from bprof.kernels.costs,
 -- built by kernels.py); writes kernels_classes, kernels_top, kernels_ops and kernels_flops.
 -- GPU traces count device activity (kernels, memcpy, memset). CPU traces count each op's self time
--- (its duration minus the ops nested in it), so nested wrappers are not counted twice.
+-- (its duration minus the ops nested in it), so nested wrappers are not counted twice; only
+-- namespaced ops (aten::, c10d::, ...) count, not Python autograd functions.
 
 CREATE TABLE IF NOT EXISTS kernels_classes (
     run_id INTEGER NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, fine_class VARCHAR NOT NULL,
@@ -133,7 +134,9 @@ WITH spans AS (
     LEFT JOIN (SELECT parent_id, sum(dur_ns) AS children_ns FROM parent GROUP BY parent_id) ch ON ch.parent_id = n.id
 )
 SELECT r.*, coalesce(c.fine_class, 'unknown') AS fine_class, s.step
-FROM (SELECT * FROM dev UNION ALL SELECT * FROM cpu) r
+-- CPU ops without a namespace are Python autograd functions and wrappers: their self time is a
+-- wait or Python, which the breakdown and idle analyses account for; they are no kernel
+FROM (SELECT * FROM dev UNION ALL SELECT * FROM cpu WHERE name LIKE '%::%') r
 JOIN spans s ON s.rank = r.rank AND r.ts_ns >= s.ts_ns AND r.ts_ns < s.end_ns
 LEFT JOIN _classes c ON c.name = r.name AND c.kind = r.kind;
 

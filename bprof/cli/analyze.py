@@ -69,18 +69,27 @@ def _print(data: dict, top: int) -> None:
     console.print("  ".join(heads))
     ranks = Table("rank", "step", "compute", "exposed comm", "overlapped comm", "memcpy", "idle", "other", "comm overlap",
                   title="Where the step goes (share of the step span)")
-    for r in data["ranks"]:
+    shown = sorted(data["ranks"], key=lambda r: -r["median_step_ns"])[:MAX_RANK_ROWS]
+    for r in sorted(shown, key=lambda r: r["rank"]):
         ranks.add_row(str(r["rank"]), f"{r['median_step_ns'] / 1e6:.2f} ms",
                       *(_pct(r[k]) for k in ("compute_frac", "exposed_comm_frac", "overlapped_comm_frac",
                                              "memcpy_frac", "idle_frac", "other_frac", "comm_overlap_frac")))
     console.print(ranks)
+    if len(data["ranks"]) > MAX_RANK_ROWS:
+        console.print(f"({MAX_RANK_ROWS} slowest of {len(data['ranks'])} ranks shown; --json has every rank)")
     if data.get("kernel_classes"):
         console.print("kernel time by class: " + ", ".join(
             f"{escape(k['fine_class'])} {_pct(k['share_frac'])}" for k in data["kernel_classes"][:8]))
     if data.get("phases"):
-        phases = Table("rank", "phase", "per step", "share", title="Phases")
+        by_phase: dict[str, list[dict]] = {}
         for p in data["phases"]:
-            phases.add_row(str(p["rank"]), p["phase"], f"{p['median_ns'] / 1e6:.2f} ms", _pct(p.get("share_frac")))
+            by_phase.setdefault(p["phase"], []).append(p)
+        phases = Table("phase", "per step (median rank)", "share", "longest", title="Phases")
+        for phase, rows in by_phase.items():
+            rows.sort(key=lambda p: p["median_ns"])
+            mid, longest = rows[len(rows) // 2], rows[-1]
+            phases.add_row(phase, f"{mid['median_ns'] / 1e6:.2f} ms", _pct(mid.get("share_frac")),
+                           f"{longest['median_ns'] / 1e6:.2f} ms on rank {longest['rank']}")
         console.print(phases)
     findings = Table("lost/step", "severity", "finding", "advice", title="Findings, by time the step would get back")
     for f in data["findings"][:top]:
@@ -88,6 +97,9 @@ def _print(data: dict, top: int) -> None:
         findings.add_row("" if f["lost_ns"] is None else f"{f['lost_ns'] / 1e6:.2f} ms", f["severity"],
                          escape(f["title"]), escape(f["advice"] or ""))
     console.print(findings)
+
+
+MAX_RANK_ROWS = 16
 
 
 def _pct(v) -> str:
