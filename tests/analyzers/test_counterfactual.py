@@ -1,0 +1,42 @@
+"""The counterfactual engine on hand-built steps: it reproduces what was measured, and a faster rank
+shortens the step by exactly what its delay cost through every group it shares."""
+
+import numpy as np
+
+from bprof.analyzers.counterfactual import StepGraph, replay, work_segments
+
+
+def _two_groups():
+    # ranks 0,1 share instance 10 (rank 1 late), then ranks 1,2 share instance 11; rank 2 waits for 1
+    return StepGraph.build(instance=[10, 10, 11, 11], rank=[0, 1, 1, 2], arrival_ns=[10, 30, 40, 20],
+                           end_ns=[35, 35, 48, 48], span_rank=[0, 1, 2], span_start_ns=[0, 0, 0],
+                           span_end_ns=[45, 50, 60])
+
+
+def test_unchanged_work_reproduces_every_measured_end():
+    g = _two_groups()
+    r = replay(g)
+    assert r.end_ns.tolist() == [45, 50, 60] and r.step_ns == 60
+
+
+def test_work_segments_are_the_time_between_exits_and_arrivals():
+    work, tail = work_segments(_two_groups())
+    # rows sorted by (rank, arrival): (0,i10) (1,i10) (1,i11) (2,i11)
+    assert work.tolist() == [10, 30, 5, 20] and tail.tolist() == [10, 2, 12]
+
+
+def test_a_faster_straggler_shortens_the_step_through_the_groups_it_shares():
+    g = _two_groups()
+    work, tail = work_segments(g)
+    faster = work.copy()
+    faster[(g.rank == 1) & (g.arrival_ns == 30)] = 10  # rank 1 arrives with rank 0 at instance 10
+    r = replay(g, faster)
+    # i10: both arrive at 10, leave 5 after -> 15; rank 1 arrives at i11 at 20 with rank 2 -> leaves 28
+    assert r.end_ns.tolist() == [25, 30, 40]
+    assert r.step_ns == 40  # 20 ns shorter: the whole delay, passed on to rank 2 through i11
+
+
+def test_empty_step_is_its_spans():
+    g = StepGraph.build(instance=np.array([], dtype=np.int64), rank=[], arrival_ns=[], end_ns=[], span_rank=[0, 1],
+                        span_start_ns=[0, 5], span_end_ns=[10, 20])
+    assert replay(g).step_ns == 20
