@@ -20,7 +20,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class StepGraph:
-    """One step: the member rows of its complete instances, sorted by (rank, arrival), and each
+    """One step: the member rows of its complete instances, sorted by rank and replay order, and each
     rank's span. member arrays have one entry per (instance, rank); span arrays one per rank."""
 
     instance: np.ndarray  # dense instance index 0..k-1 of each member row
@@ -37,13 +37,17 @@ class StepGraph:
     def build(cls, instance, rank, arrival_ns, end_ns, span_rank, span_start_ns, span_end_ns) -> "StepGraph":
         instance, rank = np.asarray(instance), np.asarray(rank, dtype=np.int64)
         arrival_ns, end_ns = np.asarray(arrival_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64)
-        order = np.lexsort((arrival_ns, rank))
-        _, dense = np.unique(instance[order], return_inverse=True)
-        g_rank, g_arr, g_end = rank[order], arrival_ns[order], end_ns[order]
+        _, dense = np.unique(instance, return_inverse=True)
+        last = _instance_max(dense, arrival_ns)
+        # Each rank's chain follows the order instances are replayed in (their last arrival), not its
+        # own arrivals: with asynchronous collectives (several NCCL streams) a rank can arrive at B
+        # before A completes; the chain then counts B's work from A's exit, which may be negative,
+        # and the replay of unchanged work stays exact.
+        order = np.lexsort((arrival_ns, last[dense], rank))
+        dense, g_rank, g_arr, g_end = dense[order], rank[order], arrival_ns[order], end_ns[order]
         by_inst = np.argsort(dense, kind="stable")
         bounds = np.flatnonzero(np.diff(dense[by_inst])) + 1
         rows = np.split(by_inst, bounds) if len(by_inst) else []
-        last = _instance_max(dense, g_arr)
         return cls(dense, g_rank, g_arr, g_end, np.asarray(span_rank, dtype=np.int64),
                    np.asarray(span_start_ns, dtype=np.int64), np.asarray(span_end_ns, dtype=np.int64),
                    rows, np.argsort(last, kind="stable"))
@@ -66,7 +70,7 @@ def work_segments(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     prev_end[1:] = g.end_ns[:-1]
     prev_end[first] = [start[r] for r in g.rank[first].tolist()]
     work = g.arrival_ns - prev_end
-    last_end = dict(zip(g.rank.tolist(), g.end_ns.tolist()))  # rows are sorted by rank, arrival: the last wins
+    last_end = dict(zip(g.rank.tolist(), g.end_ns.tolist()))  # rows are in chain order: the last one wins
     tail = np.array([e - last_end.get(r, s) for r, s, e in zip(g.span_rank.tolist(), g.span_start_ns.tolist(),
                                                                g.span_end_ns.tolist())], dtype=np.int64)
     return work, tail

@@ -2,6 +2,7 @@
 shortens the step by exactly what its delay cost through every group it shares."""
 
 import numpy as np
+import pytest
 
 from bprof.analyzers.counterfactual import StepGraph, replay, work_segments
 
@@ -40,3 +41,35 @@ def test_empty_step_is_its_spans():
     g = StepGraph.build(instance=np.array([], dtype=np.int64), rank=[], arrival_ns=[], end_ns=[], span_rank=[0, 1],
                         span_start_ns=[0, 5], span_end_ns=[10, 20])
     assert replay(g).step_ns == 20
+
+
+def test_straggler_cost_agrees_with_the_synthetic_resimulation_without_it(tmp_path):
+    """bprof.synth re-simulates the run without the planted slow rank (truth counterfactual); the engine,
+    given only the planted run's collectives and spans, must find about the same step-time gain."""
+    import statistics
+
+    from bprof.synth import Fault, Scenario, write_run
+
+    truth = write_run(Scenario(tp=2, pp=2, dp=2, steps=3, hosts=2, seed=3,
+                               faults=[Fault("slow_rank", rank=3, extra_ns=5_000_000)]), tmp_path / "run", gzip=False)
+    slow, ranks = 3, truth["ranks"]
+    lost = []
+    for s in range(len(ranks[0]["steps"])):
+        rows = [(i, m["rank"], m["arrival_ns"], m["end_ns"]) for i, c in enumerate(truth["collectives"]) if c["step"] == s
+                for m in c["members"]]
+        inst, rank, arrival, end = map(list, zip(*rows))
+        starts = [r["step_ts_ns"][s] for r in ranks]
+        ends = [r["step_ts_ns"][s + 1] if s + 1 < len(r["steps"]) else r["step_ts_ns"][s] + r["step_dur_ns"][s] for r in ranks]
+        g = StepGraph.build(inst, rank, arrival, end, [r["rank"] for r in ranks], starts, ends)
+        base = replay(g)
+        assert base.end_ns.tolist() == ends  # exact on unchanged work
+        work, _ = work_segments(g)
+        like_peers = work.copy()
+        for members in g.rows_by_instance:
+            mine = [i for i in members.tolist() if g.rank[i] == slow]
+            peers = [work[i] for i in members.tolist() if g.rank[i] != slow]
+            if mine and peers:
+                like_peers[mine[0]] = int(statistics.median(peers))
+        lost.append(base.step_ns - replay(g, like_peers).step_ns)
+    planted = max(truth["faults"][0]["counterfactual"]["step_dur_delta_ns"])  # the job's step: its longest rank
+    assert statistics.mean(lost) == pytest.approx(planted, rel=0.25), (lost, planted)
