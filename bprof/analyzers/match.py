@@ -1,0 +1,73 @@
+"""Which calls of different ranks are one collective or p2p instance, and which do not match?
+
+Reads collectives, steps, ranks; writes match_instances and match_members (definitions in
+match.sql). A member missing within the steps every member traced, or members that disagree on
+op, size or dtype, become findings: the first step towards diagnosing a hang.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql
+
+NAME = "match"
+TABLES = ["match_instances", "match_members"]
+MAX_LISTED = 20  # seqs and steps named in one finding's evidence
+
+
+def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    run_sql(con, "match.sql", run_id)
+    return Result(NAME, TABLES, _findings(con, run_id))
+
+
+def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    findings = []
+    num_ranks, no_group = con.execute("""
+        SELECT (SELECT count(*) FROM ranks WHERE run_id = $1),
+               (SELECT count(*) FROM collectives WHERE run_id = $1 AND pg_name IS NULL AND pg_ranks IS NULL)""",
+                                      [run_id]).fetchone()
+    if num_ranks > 1 and no_group:
+        findings.append(not_measurable(
+            f"{no_group} collective calls have no process group: they cannot be matched across ranks",
+            "Their trace names no process group (no record_param_comms arguments) and the ranks have several "
+            "groups, so the calls of one collective cannot be told apart from another's.",
+            "Record with `bprof record` (it keeps the Flight Recorder's group and sequence number), or with "
+            "torch >= 2.2, whose traces name the process group of each collective.",
+            num_calls=no_group))
+    # One finding per group and kind of problem: a hang or desync repeats on every later seq.
+    rows = con.execute("""
+        SELECT pg_name, any_value(pg_desc), any_value(pg_ranks), is_p2p, src_rank, dst_rank,
+               len(missing_ranks) > 0 AS has_missing,
+               count(*), list(seq ORDER BY instance_id)[:$2], list(DISTINCT step ORDER BY step)[:$2],
+               list_sort(list_distinct(flatten(list(missing_ranks)))), first(reason ORDER BY instance_id),
+               first(op ORDER BY instance_id), first(instance_id ORDER BY instance_id)
+        FROM match_instances WHERE run_id = $1 AND status = 'mismatch'
+        GROUP BY pg_name, is_p2p, src_rank, dst_rank, has_missing
+        ORDER BY has_missing DESC, count(*) DESC""", [run_id, MAX_LISTED]).fetchall()
+    for (pg_name, pg_desc, pg_ranks, is_p2p, src, dst, has_missing, count, seqs, steps, missing, reason, op,
+         first_id) in rows:
+        group = f"group {pg_name}" + (f" ({pg_desc})" if pg_desc else "")
+        what = f"send {src} -> {dst} on {group}" if is_p2p else f"{op} on {group}"
+        evidence = {"pg_name": pg_name, "pg_desc": pg_desc, "pg_ranks": pg_ranks, "seqs": seqs, "steps": steps,
+                    "num_instances": count, "first_instance_id": first_id, "first_reason": reason}
+        if is_p2p:
+            evidence |= {"src_rank": src, "dst_rank": dst}
+        if has_missing:
+            findings.append(Finding(
+                "critical", f"Ranks {missing} never called {count} {what} that their peers called",
+                "A rank that skips a collective its peers entered hangs them (NCCL/gloo timeout): find why "
+                "those ranks took another path (a condition on rank or data, an exception, a desynchronised "
+                "loop), e.g. with the Flight Recorder dump of the hang.",
+                f"First: {reason}. Matched by group and sequence number within the steps every member traced; "
+                "calls outside a rank's traced steps are left out as cut by the window, not counted here. "
+                "No lost time is claimed: a hang costs the whole job.",
+                None, evidence | {"ranks": missing}))
+        else:
+            findings.append(Finding(
+                "warning", f"{count} {what} instance(s) whose members disagree",
+                "Members of one collective must call the same op with the same size and dtype; a disagreement is "
+                "a desynchronised program (or mismatched sequence numbers) and can hang or corrupt the result.",
+                f"First: {reason}. No lost time is claimed.",
+                None, evidence | {"ranks": pg_ranks}))
+    return findings
