@@ -32,12 +32,13 @@ class StepGraph:
     span_end_ns: np.ndarray  # aligned span end
     rows_by_instance: list  # member rows of each instance
     instance_order: np.ndarray  # instances by measured last arrival
+    instance_ids: list  # the caller's id of each dense instance index
 
     @classmethod
     def build(cls, instance, rank, arrival_ns, end_ns, span_rank, span_start_ns, span_end_ns) -> "StepGraph":
         instance, rank = np.asarray(instance), np.asarray(rank, dtype=np.int64)
         arrival_ns, end_ns = np.asarray(arrival_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64)
-        _, dense = np.unique(instance, return_inverse=True)
+        ids, dense = np.unique(instance, return_inverse=True)
         last = _instance_max(dense, arrival_ns)
         # Each rank's chain follows the order instances are replayed in (their last arrival), not its
         # own arrivals: with asynchronous collectives (several NCCL streams) a rank can arrive at B
@@ -50,7 +51,7 @@ class StepGraph:
         rows = np.split(by_inst, bounds) if len(by_inst) else []
         return cls(dense, g_rank, g_arr, g_end, np.asarray(span_rank, dtype=np.int64),
                    np.asarray(span_start_ns, dtype=np.int64), np.asarray(span_end_ns, dtype=np.int64),
-                   rows, np.argsort(last, kind="stable"))
+                   rows, np.argsort(last, kind="stable"), ids.tolist())
 
 
 @dataclasses.dataclass(frozen=True)

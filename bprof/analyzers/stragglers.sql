@@ -1,0 +1,71 @@
+-- Which rank (or host) holds the others up, how often, and why? Per rank: how often it arrives
+-- last at the collectives it joins, the wait it imposes on its peers, its compute time against the
+-- median rank (a score in the spirit of NVIDIA's straggler detector: the median rank's compute over
+-- this rank's), and the evidence for a cause class. stragglers.py prices the candidates with the
+-- counterfactual engine and writes lost_ns, flagged and cause.
+-- Reads match_instances, match_members (aligned clocks), collperf_instances, breakdown_steps,
+-- ranks; writes stragglers_ranks.
+
+CREATE TABLE IF NOT EXISTS stragglers_ranks (
+    run_id INTEGER NOT NULL, rank INTEGER NOT NULL, host VARCHAR,
+    num_instances BIGINT NOT NULL, num_last BIGINT NOT NULL, last_frac DOUBLE,
+    imposed_wait_ns BIGINT NOT NULL, compute_ns BIGINT, host_busy_ns BIGINT, transfer_ratio DOUBLE,
+    score DOUBLE, lost_ns BIGINT, flagged BOOLEAN NOT NULL, cause VARCHAR,
+    PRIMARY KEY (run_id, rank)
+);
+COMMENT ON TABLE stragglers_ranks IS 'Straggler evidence per rank: arrivals last, wait imposed, compute against the median rank, and the counterfactual cost.';
+COMMENT ON COLUMN stragglers_ranks.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN stragglers_ranks.rank IS 'Global rank.';
+COMMENT ON COLUMN stragglers_ranks.host IS 'Host of the rank.';
+COMMENT ON COLUMN stragglers_ranks.num_instances IS 'Complete collective and p2p instances the rank joined (aligned clocks).';
+COMMENT ON COLUMN stragglers_ranks.num_last IS 'Of those, how many it arrived at last (ties: none is last).';
+COMMENT ON COLUMN stragglers_ranks.last_frac IS 'num_last / num_instances.';
+COMMENT ON COLUMN stragglers_ranks.imposed_wait_ns IS 'Per step (median over steps), the waits of its peers at the instances it arrived at last.';
+COMMENT ON COLUMN stragglers_ranks.compute_ns IS 'Median per step of its compute time (compute + overlapped communication of the breakdown).';
+COMMENT ON COLUMN stragglers_ranks.host_busy_ns IS 'Median per step of its idle + other time (host-side: launch gaps, syncs, GC, data, Python).';
+COMMENT ON COLUMN stragglers_ranks.transfer_ratio IS 'Median over its instances of their transfer time over the median transfer of instances of the same op and size on other groups; above 1 when its links are slow.';
+COMMENT ON COLUMN stragglers_ranks.score IS 'Median rank''s compute_ns over this rank''s: below 1 means slower than the median rank.';
+COMMENT ON COLUMN stragglers_ranks.lost_ns IS 'How much shorter the job''s step would be if this rank worked like its peers (median per step, counterfactual engine); NULL when not evaluated.';
+COMMENT ON COLUMN stragglers_ranks.flagged IS 'lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the step time).';
+COMMENT ON COLUMN stragglers_ranks.cause IS 'For flagged ranks: device (its compute exceeds the median rank''s by more than its host-side time does) or host.';
+
+CREATE OR REPLACE TEMP TABLE _st_members AS
+SELECT m.instance_id, m.rank, i.step, i.is_p2p, m.arrival_aligned_ns, m.end_aligned_ns,
+    max(m.arrival_aligned_ns) OVER (PARTITION BY m.instance_id) AS last_arrival_ns,
+    count(*) OVER (PARTITION BY m.instance_id, m.arrival_aligned_ns) AS num_at_time
+FROM match_members m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
+WHERE m.run_id = $run_id AND i.status = 'complete' AND m.arrival_aligned_ns IS NOT NULL;
+
+INSERT INTO stragglers_ranks
+WITH last AS (
+    -- Algorithm: a member is last when it alone arrived at the latest arrival; its peers' waits
+    -- (latest arrival - their arrival) are the wait it imposed.
+    SELECT instance_id, step, any_value(rank) FILTER (WHERE arrival_aligned_ns = last_arrival_ns AND num_at_time = 1) AS last_rank,
+        sum(last_arrival_ns - arrival_aligned_ns) AS peers_wait_ns
+    FROM _st_members GROUP BY instance_id, step
+), per_rank AS (
+    SELECT m.rank, count(*) AS num_instances, count(*) FILTER (WHERE l.last_rank = m.rank) AS num_last
+    FROM _st_members m JOIN last l USING (instance_id) GROUP BY m.rank
+), imposed AS (
+    SELECT last_rank AS rank, step, sum(peers_wait_ns) AS wait_ns FROM last WHERE last_rank IS NOT NULL GROUP BY ALL
+), imposed_med AS (
+    SELECT rank, median(wait_ns) AS wait_ns FROM imposed GROUP BY rank
+), bd AS (
+    SELECT rank, median(compute_ns + overlapped_comm_ns) AS compute_ns, median(idle_ns + other_ns) AS host_ns
+    FROM breakdown_steps WHERE run_id = $run_id AND step >= 0 GROUP BY rank
+), transfer AS (
+    -- an instance's transfer against the median of same-op, same-size instances (all groups)
+    SELECT c.instance_id, c.transfer_ns / nullif(median(c.transfer_ns) OVER (PARTITION BY c.op, c.bytes), 0) AS ratio
+    FROM collperf_instances c WHERE c.run_id = $run_id AND c.transfer_ns > 0
+), transfer_rank AS (
+    SELECT m.rank, median(t.ratio) AS ratio FROM _st_members m JOIN transfer t USING (instance_id) GROUP BY m.rank
+)
+SELECT $run_id, r.rank, r.host, coalesce(p.num_instances, 0), coalesce(p.num_last, 0),
+    p.num_last / nullif(p.num_instances, 0),
+    CAST(coalesce(i.wait_ns, 0) AS BIGINT), CAST(bd.compute_ns AS BIGINT), CAST(bd.host_ns AS BIGINT), t.ratio,
+    (SELECT median(compute_ns) FROM bd) / nullif(bd.compute_ns, 0),
+    NULL, false, NULL
+FROM ranks r
+LEFT JOIN per_rank p USING (rank) LEFT JOIN imposed_med i USING (rank) LEFT JOIN bd USING (rank)
+LEFT JOIN transfer_rank t USING (rank)
+WHERE r.run_id = $run_id;
