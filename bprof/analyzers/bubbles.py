@@ -1,0 +1,168 @@
+"""Pipeline bubbles: the stages and micro-batches of a pipeline-parallel run (from its send/recv
+calls, cross-checked with what the training script declared), how long each stage waits for its
+neighbours per step against the schedule's theory, and which stage's extra work causes the excess.
+
+Reads collectives, timeline_spans, breakdown_steps, breakdown_dims, breakdown_groups, runs; writes
+bubbles_stages, bubbles_runs (definitions in bubbles.sql). A run without send/recv calls has no
+pipeline and gets nothing: no rows, no finding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
+
+NAME = "bubbles"
+TABLES = ["bubbles_stages", "bubbles_runs"]
+# A cost under this share of the step is not reported: below what severity_for calls a warning, and
+# step times on shared machines move by about that much from run to run.
+MIN_LOST_FRAC = 0.02
+
+
+def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    run_sql(con, "bubbles.sql", run_id, {"min_frac": MIN_LOST_FRAC})
+    result = Result(NAME, TABLES)
+    cur = con.execute("SELECT * FROM bubbles_runs WHERE run_id = ?", [run_id])
+    names = [d[0] for d in cur.description]
+    row = cur.fetchone()
+    if row is None:
+        missing = _missing_pipeline(con, run_id)
+        if missing:
+            result.findings.append(missing)
+        return result
+    run = dict(zip(names, row))
+    stages = _stages(con, run_id)
+    imbalance = _imbalance_finding(run, stages)
+    bubble = _bubble_finding(run, stages, imbalance)
+    result.findings += [f for f in (bubble, imbalance, _declared_mismatch(run)) if f]
+    return result
+
+
+def _stages(con, run_id) -> dict[int, dict]:
+    """Per stage: its ranks, steps, median busy_ns and bubble_frac (as bubbles_runs aggregates them)."""
+    rows = con.execute("""
+        WITH stage_step AS (
+            SELECT stage, step, median(busy_ns) AS busy_ns, median(bubble_frac) AS bubble_frac
+            FROM bubbles_stages WHERE run_id = ? GROUP BY stage, step
+        )
+        SELECT s.stage, (SELECT list(DISTINCT rank ORDER BY rank) FROM bubbles_stages b WHERE b.run_id = ? AND b.stage = s.stage),
+            list(step ORDER BY step), median(busy_ns), median(bubble_frac)
+        FROM stage_step s GROUP BY s.stage ORDER BY s.stage""", [run_id, run_id]).fetchall()
+    return {s: {"ranks": ranks, "steps": steps, "busy_ns": int(busy), "bubble_frac": frac}
+            for s, ranks, steps, busy, frac in rows}
+
+
+def _shape(run) -> str:
+    sched = {"1f1b": "1F1B", "gpipe": "GPipe"}.get(run["schedule"], "1F1B/GPipe")
+    return f"{sched}, p={run['num_stages']} stages, m={run['num_microbatches']} micro-batches"
+
+
+def _imbalance_finding(run, stages) -> Finding | None:
+    """The slowest stage, when it costs more than the run's noise.
+
+    Counterfactual: the slowest stage does the median work of the other stages. A pipeline of m
+    equal micro-batches through stages that take t_s each runs a step in T = sum_s t_s + (m-1) max_s t_s
+    ((m+p-1) t for equal stages), t_s = busy_ns / m; lost_ns = T - T(slowest at the others' median).
+    Reported only when the same stage is the slowest in every analysed step and lost_ns is above
+    max(MIN_LOST_FRAC of the median step, 3 x the step-time MAD over steps).
+    """
+    lost_ns, noise_ns = run["imbalance_lost_ns"], run["step_noise_ns"]
+    if lost_ns is None or not run["slowest_every_step"] or lost_ns <= noise_ns:
+        return None
+    s, ratio, step_ns = run["slowest_stage"], run["slowest_ratio"], run["median_step_ns"]
+    busy = {str(k): v["busy_ns"] for k, v in stages.items()}
+    return Finding(
+        severity_for(lost_ns, step_ns),
+        f"Stage imbalance: pipeline stage {s} is {ratio:.2f}x the median of the other stages "
+        f"({run['slowest_busy_ns'] / 1e6:.1f} ms of work per step vs {run['median_other_busy_ns'] / 1e6:.1f} ms)",
+        f"Move work off stage {s}: give it fewer layers (count the embedding on the first stage and the LM "
+        f"head and loss on the last), or split the model by measured stage time rather than by layer count.",
+        f"Counterfactual: stage {s} does the median work of the other stages. The pipeline runs a step at "
+        f"the pace of its slowest stage: T = sum of t + (m-1) x max t over stages, t = a stage's busy time "
+        f"per micro-batch (busy = step span - time waiting for neighbours); the step would be shorter by "
+        f"{lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step; the step time varies by "
+        f"{noise_ns / 1e6:.2f} ms anyway. Busy ns per stage: {busy}.",
+        lost_ns,
+        {"ranks": stages[s]["ranks"], "steps": stages[s]["steps"], "stage": s, "ratio": ratio,
+         "busy_ns_by_stage": busy, "num_microbatches": run["num_microbatches"]})
+
+
+def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
+    """The bubble above the schedule's theory, when it is above the run's noise.
+
+    Counterfactual: the same total work spread evenly over the stages, each waiting only the
+    schedule's theoretical share of the step: step' = mean busy / (1 - theory), with mean busy =
+    step x (1 - measured); lost_ns = step - step'. Reported only when every
+    analysed step is above theory and lost_ns is above max(MIN_LOST_FRAC of the median step, 3 x the
+    MAD over steps of the bubble time).
+    """
+    lost_ns, noise_ns = run["excess_lost_ns"], run["bubble_noise_ns"]
+    if not lost_ns or not run["above_theory_every_step"] or lost_ns <= noise_ns:
+        return None
+    measured, theory, step_ns = run["bubble_frac_measured"], run["bubble_frac_theory"], run["median_step_ns"]
+    fracs = {str(k): round(v["bubble_frac"], 4) for k, v in stages.items()}
+    if imbalance:
+        cause = (f"Stage {imbalance.evidence['stage']} does {imbalance.evidence['ratio']:.2f}x the work of the "
+                 f"others and the rest wait for it: see the stage imbalance finding.")
+        advice = f"Balance the pipeline stages first (stage {imbalance.evidence['stage']} is the slow one)."
+    else:
+        cause = ("No stage is consistently slower: look at the transfer time of the sends/recvs, a slow "
+                 "rank (stragglers) or host gaps on one stage.")
+        advice = "Find what delays the stages' sends and receives (transfers, a straggler, host gaps)."
+    return Finding(
+        severity_for(lost_ns, step_ns),
+        f"Pipeline bubble above theory: {measured:.1%} of the step waiting for neighbour stages vs "
+        f"{theory:.1%} for {_shape(run)}",
+        advice + " More micro-batches per step or an interleaved schedule also shrink the bubble.",
+        f"Counterfactual: the same total work spread evenly over the stages, each waiting only the schedule's "
+        f"share (p-1)/(m+p-1) of the step: step' = mean busy time / (1 - theory); the step would be shorter by "
+        f"{lost_ns / 1e6:.2f} ms ({run['excess_frac']:.1%} of the step above theory). Every analysed step is "
+        f"above theory; the bubble varies by {noise_ns / 1e6:.2f} ms anyway. {cause} Bubble fraction per "
+        f"stage: {fracs}.",
+        lost_ns,
+        {"ranks": sorted(r for v in stages.values() for r in v["ranks"]),
+         "steps": sorted({s for v in stages.values() for s in v["steps"]}),
+         "bubble_frac_measured": measured, "bubble_frac_theory": theory, "bubble_frac_by_stage": fracs,
+         "num_stages": run["num_stages"], "num_microbatches": run["num_microbatches"], "schedule": run["schedule"]})
+
+
+def _declared_mismatch(run) -> Finding | None:
+    """The training script declared a different pipeline than the send/recv calls show."""
+    pairs = [("pp", run["declared_stages"], run["num_stages"], run["stages_source"]),
+             ("microbatches", run["declared_microbatches"], run["num_microbatches"], run["microbatches_source"]),
+             ("schedule", run["declared_schedule"], run["schedule"], run["schedule_source"])]
+    wrong = [(k, d, m) for k, d, m, src in pairs if d is not None and m is not None and src != "declared" and d != m]
+    if not wrong:
+        return None
+    text = ", ".join(f"{k} declared {d}, measured {m}" for k, d, m in wrong)
+    return Finding(
+        "info", f"The declared pipeline differs from the trace: {text}",
+        "Check the training script's bprof_model metadata; bubbles uses what the send/recv calls show.",
+        "Stages, micro-batches and schedule come from the send/recv calls of the analysed steps; the "
+        "declaration is only a cross-check.", None, {"mismatch": {k: {"declared": d, "measured": m} for k, d, m in wrong}})
+
+
+def _missing_pipeline(con, run_id) -> Finding | None:
+    """No pipeline found: say so only when the run has send/recv calls or declares a pipeline."""
+    num_p2p = con.execute("SELECT count(*) FROM collectives WHERE run_id = ? AND is_p2p", [run_id]).fetchone()[0]
+    [metadata] = con.execute("SELECT metadata FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    model = (json.loads(metadata) if metadata else {}).get("bprof_model") or {}
+    declared = model.get("pp")
+    if num_p2p:
+        return not_measurable(
+            "Pipeline bubbles not measurable: the send/recv calls do not form a pipeline",
+            f"{num_p2p} send/recv calls, but no chain of stages in the analysed steps (no rank that sends "
+            f"before it receives and has no upstream peer; a ring of sends, as interleaved 1F1B makes, is "
+            f"not recognised yet), or no ProfilerStep ranges around them.",
+            "Record with `bprof record` (it records the peer of each send/recv and marks the steps).",
+            num_p2p_calls=num_p2p, declared_stages=declared)
+    if isinstance(declared, int) and declared > 1:
+        return not_measurable(
+            "Pipeline bubbles not measurable: no send/recv calls in the trace",
+            f"The training script declares pp={declared}, but the trace holds no send/recv call.",
+            "Record with `bprof record` so that the pipeline's send/recv calls are traced.",
+            declared_stages=declared)
+    return None

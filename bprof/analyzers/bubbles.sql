@@ -1,0 +1,261 @@
+-- Pipeline bubbles: which pipeline stage is each rank, how many micro-batches does a step push
+-- through the pipeline, how long does each stage wait for its neighbours per step (its bubble), how
+-- does that compare with the schedule's theory, and which stage's extra work makes the others wait?
+-- Reads collectives, timeline_spans, breakdown_steps, breakdown_dims, breakdown_groups, runs;
+-- writes bubbles_stages and bubbles_runs. A run without send/recv calls gets no rows at all.
+--
+-- Definitions:
+-- * Stages come from the send/recv calls of the analysed steps. A rank's neighbour is the peer of
+--   its calls (collectives.peer_rank, or the other member of a 2-rank group). The neighbour a rank
+--   first SENDS to in a step is downstream (it forwards activations before it can get gradients
+--   back); the one it first RECEIVES from is upstream. The first stage has no upstream; stages
+--   follow the downstream links. Without known peers (traces not recorded by bprof, groups of more
+--   than 2 ranks) a pipeline is its send/recv group, in the group's rank order (Megatron and
+--   torchtitan list a pipeline group by stage), reversed when it is the last member that starts
+--   its steps with a send. One chain of stages is one pipeline (one per DP/TP position).
+-- * num_microbatches (m) = the first stage's forward sends per step = (sends + receives) per step /
+--   2 per neighbour on any stage (an activation and a gradient per micro-batch and link).
+-- * schedule: on the first stage, the forward sends before its first gradient arrives: all m
+--   (GPipe) or at most p (1F1B). With m <= p the two send the same pattern: not detected.
+-- * bubble_ns of a rank's step = the exposed communication of the pipeline's send/recv calls: time
+--   the rank's timeline (the device; the main thread on CPU traces) is in a send/recv (NCCL kernel
+--   in flight, main thread blocked in the c10d/gloo call) with no compute running =
+--   breakdown_dims.exposed_comm_ns of the parallel dimension of the send/recv groups (pp; a group
+--   that also carries collectives brings their exposed time too). That is waiting for a neighbour,
+--   plus the transfer itself, which the theory counts as free. Host gaps (idle) are the rank's own
+--   time, not bubble.
+-- * busy_ns = span_ns - bubble_ns: the stage's own work in the step (compute, its host gaps, the
+--   optimizer, other communication). bubble_frac = bubble_ns / span_ns.
+-- * Theory, with p stages, m micro-batches and equal stages: (p-1)/(m+p-1) for 1F1B and GPipe
+--   (and (p-1)/(v*m+p-1) for interleaved 1F1B with v chunks, not detected yet: v = 1). Work outside
+--   the pipeline (optimizer, gradient sync) is not in the theory: a large share of it lowers the
+--   measured fraction by about that share.
+-- * Run figures: per stage and step the median over the stage's ranks (pipelines); per stage the
+--   median over steps; bubble_frac_measured = the mean over stages of their bubble_frac.
+
+CREATE TABLE IF NOT EXISTS bubbles_stages (
+    run_id INTEGER NOT NULL, rank INTEGER NOT NULL, pipeline INTEGER NOT NULL, stage INTEGER NOT NULL,
+    step INTEGER NOT NULL, num_microbatches INTEGER NOT NULL,
+    span_ns BIGINT NOT NULL, compute_ns BIGINT NOT NULL, busy_ns BIGINT NOT NULL, bubble_ns BIGINT NOT NULL,
+    bubble_frac DOUBLE NOT NULL,
+    PRIMARY KEY (run_id, rank, step)
+);
+COMMENT ON TABLE bubbles_stages IS 'Each pipeline rank''s step: its stage, the micro-batches through it, and how long it waited for its neighbours (the bubble).';
+COMMENT ON COLUMN bubbles_stages.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN bubbles_stages.rank IS 'Global rank.';
+COMMENT ON COLUMN bubbles_stages.pipeline IS 'The pipeline (chain of stages) the rank belongs to, named by the global rank of its first stage.';
+COMMENT ON COLUMN bubbles_stages.stage IS 'Pipeline stage, 0 = first (it feeds the data in and sends activations forward).';
+COMMENT ON COLUMN bubbles_stages.step IS 'Profiler step.';
+COMMENT ON COLUMN bubbles_stages.num_microbatches IS 'Micro-batches through this stage in the step: its send/recv calls / (2 per neighbour).';
+COMMENT ON COLUMN bubbles_stages.span_ns IS 'Step span (timeline_spans.dur_ns): the step time.';
+COMMENT ON COLUMN bubbles_stages.compute_ns IS 'Compute time in the step, hidden communication included (breakdown_steps.compute_ns + overlapped_comm_ns).';
+COMMENT ON COLUMN bubbles_stages.busy_ns IS 'span_ns - bubble_ns: the stage''s own work in the step (compute, host gaps, optimizer, other communication).';
+COMMENT ON COLUMN bubbles_stages.bubble_ns IS 'Time in send/recv with no compute running: waiting for a neighbour stage, plus the transfer (exposed pipeline communication, breakdown_dims).';
+COMMENT ON COLUMN bubbles_stages.bubble_frac IS 'bubble_ns / span_ns.';
+
+CREATE TABLE IF NOT EXISTS bubbles_runs (
+    run_id INTEGER NOT NULL PRIMARY KEY,
+    num_pipelines INTEGER NOT NULL, num_stages INTEGER NOT NULL, num_microbatches INTEGER, num_chunks INTEGER NOT NULL,
+    schedule VARCHAR, stages_source VARCHAR NOT NULL, microbatches_source VARCHAR, schedule_source VARCHAR,
+    declared_stages INTEGER, declared_microbatches INTEGER, declared_schedule VARCHAR, p2p_dims VARCHAR[],
+    num_steps INTEGER NOT NULL, median_step_ns BIGINT,
+    bubble_frac_measured DOUBLE, bubble_frac_theory DOUBLE, excess_frac DOUBLE,
+    excess_lost_ns BIGINT, bubble_noise_ns BIGINT, above_theory_every_step BOOLEAN,
+    slowest_stage INTEGER, slowest_busy_ns BIGINT, median_other_busy_ns BIGINT, slowest_ratio DOUBLE,
+    slowest_every_step BOOLEAN, imbalance_lost_ns BIGINT, step_noise_ns BIGINT
+);
+COMMENT ON TABLE bubbles_runs IS 'The pipeline of a run (stages, micro-batches, schedule, and where each came from), its measured bubble against the schedule''s theory, and its slowest stage.';
+COMMENT ON COLUMN bubbles_runs.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN bubbles_runs.num_pipelines IS 'Chains of stages found (one per data/tensor-parallel position).';
+COMMENT ON COLUMN bubbles_runs.num_stages IS 'Pipeline stages p (the most common chain length).';
+COMMENT ON COLUMN bubbles_runs.num_microbatches IS 'Micro-batches per step m: the first stage''s forward sends per step (most common), or declared when it sends none.';
+COMMENT ON COLUMN bubbles_runs.num_chunks IS 'Model chunks per stage v of interleaved 1F1B; always 1: interleaving is not detected (a ring of send/recv is not recognised as a pipeline).';
+COMMENT ON COLUMN bubbles_runs.schedule IS '1f1b or gpipe (detected, else declared); NULL when neither tells (the theory is the same for both).';
+COMMENT ON COLUMN bubbles_runs.stages_source IS 'p2p_peers (peers of the send/recv calls) or p2p_group (rank order of the send/recv groups).';
+COMMENT ON COLUMN bubbles_runs.microbatches_source IS 'p2p (counted) or declared (bprof_model.microbatches).';
+COMMENT ON COLUMN bubbles_runs.schedule_source IS 'p2p (the first stage''s send/recv order), declared (bprof_model.schedule) or NULL.';
+COMMENT ON COLUMN bubbles_runs.declared_stages IS 'bprof_model.pp declared by the training script, for the cross-check; NULL if none.';
+COMMENT ON COLUMN bubbles_runs.declared_microbatches IS 'bprof_model.microbatches declared by the training script; NULL if none.';
+COMMENT ON COLUMN bubbles_runs.declared_schedule IS 'bprof_model.schedule declared by the training script; NULL if none.';
+COMMENT ON COLUMN bubbles_runs.p2p_dims IS 'Parallel dimensions (breakdown_groups.dim) of the send/recv groups, whose exposed communication is the bubble.';
+COMMENT ON COLUMN bubbles_runs.num_steps IS 'Steps analysed.';
+COMMENT ON COLUMN bubbles_runs.median_step_ns IS 'Median over steps of the step span (mean over stages).';
+COMMENT ON COLUMN bubbles_runs.bubble_frac_measured IS 'Mean over stages of each stage''s median bubble_frac.';
+COMMENT ON COLUMN bubbles_runs.bubble_frac_theory IS '(p-1)/(v*m+p-1): the schedule''s bubble with equal stages and free communication.';
+COMMENT ON COLUMN bubbles_runs.excess_frac IS 'bubble_frac_measured - bubble_frac_theory (negative: below theory).';
+COMMENT ON COLUMN bubbles_runs.excess_lost_ns IS 'Step time above the theoretical bubble: median_step_ns * excess_frac / (1 - theory) = step - mean busy / (1 - theory), the step with the same total work spread evenly over the stages and the theoretical bubble share; 0 when at or below theory.';
+COMMENT ON COLUMN bubbles_runs.bubble_noise_ns IS 'What the bubble varies by anyway: max(min_frac of the median step, 3 x the MAD over steps of the per-step bubble, mean over stages).';
+COMMENT ON COLUMN bubbles_runs.above_theory_every_step IS 'Whether every analysed step''s bubble fraction (mean over stages) is above theory.';
+COMMENT ON COLUMN bubbles_runs.slowest_stage IS 'Stage with the largest median busy_ns.';
+COMMENT ON COLUMN bubbles_runs.slowest_busy_ns IS 'Its median busy_ns per step.';
+COMMENT ON COLUMN bubbles_runs.median_other_busy_ns IS 'Median over the other stages of their median busy_ns.';
+COMMENT ON COLUMN bubbles_runs.slowest_ratio IS 'slowest_busy_ns / median_other_busy_ns.';
+COMMENT ON COLUMN bubbles_runs.slowest_every_step IS 'Whether the slowest stage is the slowest in every analysed step.';
+COMMENT ON COLUMN bubbles_runs.imbalance_lost_ns IS 'Step time the slowest stage costs: T(t) - T(t with the slowest stage at the others'' median), T = sum of t + (m-1) * max t, t = busy_ns / m per stage (a pipeline of m equal micro-batches).';
+COMMENT ON COLUMN bubbles_runs.step_noise_ns IS 'What the step time varies by anyway: max(min_frac of the median step, 3 x the MAD over steps of the step span).';
+
+-- The send/recv calls of the analysed steps, with the peer where it is known.
+CREATE OR REPLACE TEMP TABLE _bubbles_p2p AS
+SELECT c.rank, c.step, c.call_index, c.op, c.pg_name, c.pg_desc, c.pg_ranks,
+    coalesce(c.peer_rank, CASE WHEN len(c.pg_ranks) = 2 AND list_contains(c.pg_ranks, c.rank)
+                               THEN list_filter(c.pg_ranks, lambda x: x <> c.rank)[1] END) AS peer
+FROM collectives c
+JOIN timeline_spans s ON s.run_id = c.run_id AND s.rank = c.rank AND s.step = c.step
+WHERE c.run_id = $run_id AND c.is_p2p AND c.op IN ('send', 'recv') AND c.step >= 0 AND s.dur_ns > 0;
+
+-- Per rank: are all its peers known, its send/recv group, does it start its steps with a send.
+CREATE OR REPLACE TEMP TABLE _bubbles_rank AS
+WITH firsts AS (
+    SELECT rank, step, arg_min(op, call_index) AS first_op FROM _bubbles_p2p GROUP BY rank, step
+), starts AS (
+    SELECT rank, count(*) FILTER (WHERE first_op = 'send') > count(*) FILTER (WHERE first_op = 'recv') AS starts_with_send
+    FROM firsts GROUP BY rank
+)
+SELECT p.rank, bool_and(p.peer IS NOT NULL) AS peers_known, mode(p.pg_ranks) AS pg_ranks,
+    any_value(s.starts_with_send) AS starts_with_send
+FROM _bubbles_p2p p JOIN starts s USING (rank) GROUP BY p.rank;
+
+-- Algorithm: a link (rank, peer) is downstream when, in most steps, the rank's first call with that
+-- peer is a send.
+CREATE OR REPLACE TEMP TABLE _bubbles_links AS
+SELECT rank, peer, count(*) FILTER (WHERE first_op = 'send') > count(*) FILTER (WHERE first_op = 'recv') AS downstream
+FROM (SELECT rank, step, peer, arg_min(op, call_index) AS first_op
+      FROM _bubbles_p2p WHERE peer IS NOT NULL GROUP BY rank, step, peer)
+GROUP BY rank, peer;
+
+-- Algorithm: with known peers, walk each chain from its first stage (a rank with a downstream link
+-- and no upstream one) along the single downstream link of each rank; the walk stops at a rank
+-- without one, or where it would close a ring. Without known peers, the chain is the send/recv
+-- group in its rank order, reversed when its last member is the one that starts with a send.
+CREATE OR REPLACE TEMP TABLE _bubbles_chain AS
+WITH RECURSIVE down AS (
+    SELECT rank, any_value(peer) AS peer FROM _bubbles_links WHERE downstream GROUP BY rank HAVING count(*) = 1
+), heads AS (
+    SELECT r.rank FROM _bubbles_rank r
+    WHERE r.peers_known AND r.rank IN (SELECT rank FROM down)
+      AND NOT EXISTS (SELECT 1 FROM _bubbles_links l WHERE l.rank = r.rank AND NOT l.downstream)
+), walk(pipeline, rank, stage) AS (
+    SELECT rank, rank, 0 FROM heads
+    UNION ALL
+    SELECT w.pipeline, d.peer, w.stage + 1 FROM walk w JOIN down d ON d.rank = w.rank
+    WHERE d.peer <> w.pipeline AND w.stage < (SELECT count(*) FROM _bubbles_rank)
+), grouped AS (
+    SELECT r.rank, r.pg_ranks, list_position(r.pg_ranks, r.rank) - 1 AS pos, len(r.pg_ranks) AS n,
+        coalesce(l.starts_with_send AND NOT f.starts_with_send, false) AS reversed
+    FROM _bubbles_rank r
+    LEFT JOIN _bubbles_rank f ON f.rank = r.pg_ranks[1]
+    LEFT JOIN _bubbles_rank l ON l.rank = r.pg_ranks[len(r.pg_ranks)]
+    WHERE NOT r.peers_known AND list_contains(r.pg_ranks, r.rank) AND len(r.pg_ranks) > 1
+), chains AS (
+    SELECT pipeline, rank, stage, 'p2p_peers' AS source FROM walk
+    UNION ALL
+    SELECT CASE WHEN reversed THEN pg_ranks[n] ELSE pg_ranks[1] END, rank,
+        CASE WHEN reversed THEN n - 1 - pos ELSE pos END, 'p2p_group'
+    FROM grouped
+)
+SELECT c.*, max(c.stage) OVER (PARTITION BY c.pipeline) + 1 AS num_stages
+FROM chains c
+QUALIFY row_number() OVER (PARTITION BY c.rank ORDER BY c.pipeline, c.stage) = 1;
+
+DELETE FROM bubbles_stages WHERE run_id = $run_id;
+DELETE FROM bubbles_runs WHERE run_id = $run_id;
+
+INSERT INTO bubbles_stages
+WITH calls AS (
+    SELECT rank, step, count(*) AS num_calls FROM _bubbles_p2p GROUP BY rank, step
+), dims AS (
+    SELECT DISTINCT g.dim FROM _bubbles_p2p p
+    JOIN breakdown_groups g ON g.run_id = $run_id AND g.pg_name IS NOT DISTINCT FROM p.pg_name
+         AND g.pg_desc IS NOT DISTINCT FROM p.pg_desc AND g.pg_ranks IS NOT DISTINCT FROM p.pg_ranks
+), bubble AS (
+    SELECT rank, step, sum(exposed_comm_ns) AS bubble_ns FROM breakdown_dims
+    WHERE run_id = $run_id AND dim IN (SELECT dim FROM dims) GROUP BY rank, step
+), rows AS (
+    SELECT b.rank, ch.pipeline, ch.stage, b.step,
+        coalesce(c.num_calls, 0) // (2 * CASE WHEN ch.stage = 0 OR ch.stage = ch.num_stages - 1 THEN 1 ELSE 2 END) AS num_microbatches,
+        b.span_ns, b.compute_ns + b.overlapped_comm_ns AS compute_ns,
+        least(CAST(coalesce(bb.bubble_ns, 0) AS BIGINT), b.span_ns) AS bubble_ns
+    FROM breakdown_steps b
+    JOIN _bubbles_chain ch ON ch.rank = b.rank
+    LEFT JOIN calls c ON c.rank = b.rank AND c.step = b.step
+    LEFT JOIN bubble bb ON bb.rank = b.rank AND bb.step = b.step
+    WHERE b.run_id = $run_id AND b.step >= 0 AND b.span_ns > 0
+)
+SELECT $run_id, rank, pipeline, stage, step, num_microbatches, span_ns, compute_ns,
+    span_ns - bubble_ns, bubble_ns, bubble_ns / span_ns
+FROM rows;
+
+-- Algorithm: the shape (p, m, schedule) from the chains and the first stages' calls; per stage and
+-- step the median over the stage's ranks; per stage the median over steps; the run figures from
+-- those. The slowest stage's cost follows a pipeline of m equal micro-batches through stages
+-- taking t_s each (a flow shop): T = sum_s t_s + (m-1) * max_s t_s, which is (m+p-1) t for equal
+-- stages; its counterfactual sets the slowest stage's t to the median of the others'.
+INSERT INTO bubbles_runs
+WITH declared AS (
+    SELECT TRY_CAST(json_extract(metadata, '$.bprof_model.pp') AS INTEGER) AS pp,
+        TRY_CAST(json_extract(metadata, '$.bprof_model.microbatches') AS INTEGER) AS microbatches,
+        lower(json_extract_string(metadata, '$.bprof_model.schedule')) AS schedule
+    FROM runs WHERE run_id = $run_id
+), shape AS (
+    SELECT count(DISTINCT pipeline) AS num_pipelines, mode(num_stages) AS p, mode(source) AS source
+    FROM _bubbles_chain
+), first_steps AS (
+    SELECT p.rank, p.step, count(*) FILTER (WHERE p.op = 'send') AS sends,
+        count(*) FILTER (WHERE p.op = 'send' AND p.call_index < r.first_recv) AS sends_before_recv
+    FROM _bubbles_p2p p
+    JOIN _bubbles_chain c ON c.rank = p.rank AND c.stage = 0
+    JOIN (SELECT rank, step, coalesce(min(call_index) FILTER (WHERE op = 'recv'), 2147483647) AS first_recv
+          FROM _bubbles_p2p GROUP BY rank, step) r ON r.rank = p.rank AND r.step = p.step
+    GROUP BY p.rank, p.step
+), counted AS (
+    SELECT mode(sends) AS m, mode(sends_before_recv) AS before FROM first_steps WHERE sends > 0
+), resolved AS (
+    SELECT s.num_pipelines, s.p, s.source, coalesce(c.m, d.microbatches) AS m,
+        CASE WHEN c.m IS NOT NULL THEN 'p2p' WHEN d.microbatches IS NOT NULL THEN 'declared' END AS m_source,
+        CASE WHEN c.m > s.p AND c.before >= c.m THEN 'gpipe' WHEN c.m > s.p AND c.before <= s.p THEN '1f1b' END AS detected,
+        d.pp, d.microbatches, d.schedule
+    FROM shape s, counted c, declared d
+), stage_step AS (
+    SELECT stage, step, median(bubble_ns) AS bubble_ns, median(busy_ns) AS busy_ns, median(span_ns) AS span_ns,
+        median(bubble_frac) AS bubble_frac
+    FROM bubbles_stages WHERE run_id = $run_id GROUP BY stage, step
+), per_stage AS (
+    SELECT stage, median(busy_ns) AS busy_ns, median(bubble_frac) AS bubble_frac FROM stage_step GROUP BY stage
+), per_step AS (
+    SELECT step, avg(bubble_ns) AS bubble_ns, avg(span_ns) AS span_ns, avg(bubble_frac) AS bubble_frac,
+        arg_max(stage, busy_ns) AS slowest_stage
+    FROM stage_step GROUP BY step
+), slowest AS (
+    SELECT arg_max(stage, busy_ns) AS stage, max(busy_ns) AS busy_ns FROM per_stage
+), others AS (
+    SELECT median(busy_ns) AS median_busy_ns, max(busy_ns) AS max_busy_ns
+    FROM per_stage WHERE stage <> (SELECT stage FROM slowest)
+), measured AS (
+    SELECT avg(bubble_frac) AS frac FROM per_stage
+), steps AS (
+    SELECT count(*) AS num_steps, median(span_ns) AS step_ns, mad(bubble_ns) AS bubble_mad_ns, mad(span_ns) AS span_mad_ns
+    FROM per_step
+), figures AS (
+    SELECT r.*, CASE WHEN r.detected IS NOT NULL THEN r.detected ELSE r.schedule END AS used_schedule,
+        (r.p - 1) / (r.m + r.p - 1) AS theory, st.*, me.frac AS measured,
+        sl.stage AS slowest_stage, sl.busy_ns AS slowest_busy_ns, o.median_busy_ns, o.max_busy_ns
+    FROM resolved r, steps st, measured me, slowest sl, others o
+)
+SELECT $run_id, num_pipelines, p, m, 1, used_schedule, source, m_source,
+    CASE WHEN detected IS NOT NULL THEN 'p2p' WHEN schedule IS NOT NULL THEN 'declared' END,
+    pp, microbatches, schedule,
+    (SELECT list(DISTINCT g.dim ORDER BY g.dim) FROM _bubbles_p2p x
+     JOIN breakdown_groups g ON g.run_id = $run_id AND g.pg_name IS NOT DISTINCT FROM x.pg_name
+          AND g.pg_desc IS NOT DISTINCT FROM x.pg_desc AND g.pg_ranks IS NOT DISTINCT FROM x.pg_ranks),
+    num_steps, CAST(step_ns AS BIGINT),
+    measured, theory, measured - theory,
+    CAST(greatest(0, step_ns * (measured - theory) / (1 - theory)) AS BIGINT),
+    CAST(greatest($min_frac * step_ns, 3 * bubble_mad_ns) AS BIGINT),
+    (SELECT bool_and(bubble_frac > theory) FROM per_step),
+    slowest_stage, CAST(slowest_busy_ns AS BIGINT), CAST(median_busy_ns AS BIGINT),
+    slowest_busy_ns / nullif(median_busy_ns, 0),
+    (SELECT bool_and(slowest_stage = f.slowest_stage) FROM per_step),
+    CAST(((slowest_busy_ns - median_busy_ns) + (m - 1) * (slowest_busy_ns - greatest(max_busy_ns, median_busy_ns))) / m AS BIGINT),
+    CAST(greatest($min_frac * step_ns, 3 * span_mad_ns) AS BIGINT)
+FROM figures f
+WHERE p IS NOT NULL AND num_steps > 0;
