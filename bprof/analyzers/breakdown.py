@@ -1,8 +1,10 @@
 """Where does each rank's step time go? The partition, comm–compute overlap, communication by
 parallel dimension, and findings for exposed communication and idle time.
 
-Reads timeline_spans, events, collectives; writes breakdown_steps, breakdown_ranks,
-breakdown_groups, breakdown_dims, breakdown_idle_gaps (definitions in breakdown.sql).
+Reads timeline_spans, events, collectives, and collperf_waits when cross-rank analysis ran (to split
+exposed communication into waiting for the last peer and transfer: breakdown_waits.sql); writes
+breakdown_steps, breakdown_ranks, breakdown_groups, breakdown_dims, breakdown_idle_gaps
+(definitions in breakdown.sql).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     load_classes(con, run_id)
     run_sql(con, "intervals.sql", run_id)
     run_sql(con, "breakdown.sql", run_id)
+    if _has_rows(con, "collperf_waits", run_id):
+        run_sql(con, "breakdown_waits.sql", run_id)
     return Result(NAME, TABLES, _findings(con, run_id))
+
+
+def _has_rows(con: duckdb.DuckDBPyConnection, table: str, run_id: int) -> bool:
+    exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary", [table]).fetchone()[0]
+    # the table name is one of this module's constants, never user input
+    return bool(exists) and con.execute(f"SELECT count(*) > 0 FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
 
 
 def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
