@@ -56,6 +56,7 @@ class RankEvents:
         self.modern = sc.fmt == "modern"
         self.rank = prog.rank
         self.device = topo.local_rank(prog.rank)
+        self.host_name = topo.host_name(topo.host(prog.rank))
         self.local_gpus = topo.ranks_per_host
         self.props = DEVICE_PROPS[sc.device]
         self.pid = prog.pid
@@ -297,18 +298,23 @@ class RankEvents:
         return out
 
     def header(self, topo) -> dict:
-        """Top-level keys that precede traceEvents."""
+        """Top-level keys that precede traceEvents.
+
+        `host_name` is not Kineto's: real traces do not name their host. It stands in for the host
+        `bprof record` stores beside each trace, so ingest can group ranks by host."""
         devs = [dict({"id": d}, **self.props) for d in range(self.local_gpus)]
         if not self.modern:
             return {"schemaVersion": 1, "deviceProperties": devs,
                     "distributedInfo": {"backend": "nccl", "rank": self.rank,
-                                        "world_size": topo.world}}
+                                        "world_size": topo.world},
+                    "host_name": self.host_name}
         pgs = [{"pg_name": g.name, "pg_desc": g.desc, "backend_config": "cuda:nccl",
                 "pg_size": len(g.ranks), "ranks": list(g.ranks)} for g in topo.groups_of(self.rank)]
         return {"schemaVersion": 1, "deviceProperties": devs,
                 "distributedInfo": {"backend": "nccl", "rank": self.rank, "world_size": topo.world,
                                     "pg_count": len(pgs), "pg_config": pgs,
-                                    "nccl_version": "2.21.5"}}
+                                    "nccl_version": "2.21.5"},
+                "host_name": self.host_name}
 
     def footer(self, trace_name: str) -> dict:
         """Top-level keys that follow traceEvents (baseTimeNanoseconds last, as in real files)."""

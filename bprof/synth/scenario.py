@@ -198,6 +198,11 @@ class Topology:
     def host(self, rank: int) -> int:
         return rank // self.ranks_per_host
 
+    @staticmethod
+    def host_name(host: int) -> str:
+        """The host's name in the traces (`host_name`) and in truth.json."""
+        return f"node{host}"
+
     def local_rank(self, rank: int) -> int:
         return rank % self.ranks_per_host
 

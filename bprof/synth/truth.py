@@ -112,7 +112,7 @@ def fault_effects(sc, topo, base_stats) -> list[dict]:
                             peer_wait_ns_per_step=_mean([delta["wait"][r] for r in peers]),
                             slow_rank_wait_ns_per_step=delta["wait"][f.rank])
         elif f.kind == "slow_host":
-            expected.update(host=f"node{f.host}", factor=f.factor)
+            expected.update(host=topo.host_name(f.host), factor=f.factor)
         elif f.kind == "stalled_input":
             expected.update(extra_ns_per_step=f.extra_ns)
         elif f.kind == "stage_imbalance":
@@ -132,7 +132,7 @@ def build_truth(sc, topo, progs, insts, files, clocks) -> dict:
         stage, dpi, tpi = topo.coords(r)
         host = topo.host(r)
         ranks.append({
-            "rank": r, "local_rank": topo.local_rank(r), "host": f"node{host}",
+            "rank": r, "local_rank": topo.local_rank(r), "host": topo.host_name(host),
             "host_index": host, "file": f["file"], "pid": p.pid,
             "tids": {"main": p.tids[0], "autograd": p.tids[1]},
             "device_index": topo.local_rank(r), "device": DEVICE_PROPS[sc.device]["name"],
@@ -153,7 +153,7 @@ def build_truth(sc, topo, progs, insts, files, clocks) -> dict:
         "scenario": scenario_dict(sc),
         "clock_model": "written_ns = true_ns + clock_offset_ns[host] + wander(true_ns), "
                        "|wander| <= clock_jitter_ns, t + wander(t) non-decreasing",
-        "hosts": [{"host": f"node{h}", "index": h, "clock_offset_ns": c.offset_ns,
+        "hosts": [{"host": topo.host_name(h), "index": h, "clock_offset_ns": c.offset_ns,
                    "clock_jitter_ns": c.jitter_ns,
                    "ranks": [r for r in range(topo.world) if topo.host(r) == h]}
                   for h, c in enumerate(clocks)],

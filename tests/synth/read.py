@@ -9,9 +9,10 @@ from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 from pathlib import Path
 
-MODERN_KEYS = ["schemaVersion", "deviceProperties", "distributedInfo", "traceEvents",
+# host_name is the synth's stand-in for the host `bprof record` stores (not a Kineto key).
+MODERN_KEYS = ["schemaVersion", "deviceProperties", "distributedInfo", "host_name", "traceEvents",
                "traceName", "displayTimeUnit", "baseTimeNanoseconds"]
-KEYS_2022 = ["schemaVersion", "deviceProperties", "distributedInfo", "traceEvents"]
+KEYS_2022 = ["schemaVersion", "deviceProperties", "distributedInfo", "host_name", "traceEvents"]
 TRIMONTH_NS = 7_889_238 * 10**9
 C10D = {"c10d::allreduce_": "allreduce", "c10d::_allgather_base_": "allgather",
         "c10d::_reduce_scatter_base_": "reduce_scatter", "c10d::broadcast_": "broadcast",

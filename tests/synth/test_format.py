@@ -19,6 +19,13 @@ def test_modern_files_parse_with_top_level_keys_in_real_order(modern_run):
         assert trace["distributedInfo"]["rank"] == rank
 
 
+def test_every_trace_names_its_host_as_truth_does(any_run):
+    hosts = {r: h["host"] for h in any_run.truth["hosts"] for r in h["ranks"]}
+    assert sorted(set(hosts.values())) == ["node0", "node1"]
+    for rank, trace in any_run.traces.items():
+        assert trace["host_name"] == hosts[rank] == any_run.truth["ranks"][rank]["host"]
+
+
 def test_modern_ts_and_dur_have_exactly_three_decimals(modern_run):
     text = raw(modern_run.path / "rank0.json.gz").decode()
     values = re.findall(r'"(?:ts|dur)":\s*([0-9.eE+-]+)', text)
