@@ -78,6 +78,7 @@ class RankBuilder:
         self.p2p_k: Counter = Counter()
         self.dp_work: list[Gpu] = []
         self.deferred: list[Op] = []
+        self.faults = tuple(faults)
         self._apply_faults(faults)
 
     def _apply_faults(self, faults) -> None:
@@ -162,6 +163,9 @@ class RankBuilder:
             key, members = (0, group.index, k), group.ranks
         nbytes = (out_n if op == "allgather" else in_n) * ELEM_BYTES[dtype]
         transfer = comm_ns(self.dev, op, nbytes, len(members), self.topo.spans_hosts(members))
+        link = self.topo.link_factor(self.faults, members)
+        if link != 1.0:
+            transfer = round(transfer * link)
         c = Comm(op, group, in_n, out_n, dtype, key, members, transfer, self.step, peer)
         deps = (self.last_compute,) if self.last_compute is not None and op != "recv" else ()
         g = Gpu(stream, "kernel", nccl_kernel_name(self.sc.fmt, op, dtype, nbytes),

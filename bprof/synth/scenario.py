@@ -26,6 +26,9 @@ FAULT_DOCS = {
                     "overlapping it (from the main thread), so their transfer is exposed",
     "stage_imbalance": "the last pipeline stage's transformer-layer kernels last factor x longer; "
                        "earlier stages wait for it (larger pipeline bubbles)",
+    "slow_link": "the transfer (last arrival to end) of every collective or p2p instance whose "
+                 "members span host H and another host (the inter-host 'net' link) takes factor x "
+                 "longer; intra-host instances and compute kernels are unchanged",
 }
 
 
@@ -50,6 +53,8 @@ class Fault:
             raise ValueError("stalled_input needs extra_ns > 0")
         if self.kind == "stage_imbalance" and self.factor <= 1.0:
             raise ValueError("stage_imbalance needs factor > 1")
+        if self.kind == "slow_link" and (self.host is None or self.factor <= 1.0):
+            raise ValueError("slow_link needs host and factor > 1")
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,8 @@ class Scenario:
                 raise ValueError(f"fault {f.kind} names rank {f.rank} outside the world")
             if f.host is not None and not 0 <= f.host < self.hosts:
                 raise ValueError(f"fault {f.kind} names host {f.host} outside the run")
+            if f.kind == "slow_link" and self.hosts < 2:
+                raise ValueError("slow_link needs hosts >= 2: one host has no inter-host link")
 
     @property
     def world_size(self) -> int:
@@ -221,6 +228,17 @@ class Topology:
 
     def spans_hosts(self, ranks) -> bool:
         return len({self.host(r) for r in ranks}) > 1
+
+    def link_factor(self, faults, ranks) -> float:
+        """Transfer-time factor of an instance with members `ranks`: the product of the factors
+        of the slow_link faults on one of its hosts, if it spans hosts (else 1)."""
+        hosts = {self.host(r) for r in ranks}
+        factor = 1.0
+        if len(hosts) > 1:
+            for f in faults:
+                if f.kind == "slow_link" and f.host in hosts:
+                    factor *= f.factor
+        return factor
 
     def stage_layers(self, stage: int) -> int:
         """Transformer layers on one pipeline stage (remainder goes to the first stages)."""

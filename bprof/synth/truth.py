@@ -56,9 +56,14 @@ def _mean(xs) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+def _ordered(insts) -> list:
+    """Instances in truth.json `collectives` order."""
+    return sorted(insts.values(), key=lambda i: (i.last_arrival, i.key))
+
+
 def collectives(insts) -> list[dict]:
     out = []
-    for inst in sorted(insts.values(), key=lambda i: (i.last_arrival, i.key)):
+    for inst in _ordered(insts):
         c = inst.comm
         p2p = c.peer is not None
         members = sorted(inst.arrivals)
@@ -90,7 +95,26 @@ def _ranks_of(topo, fault) -> list[int]:
     return [r for r in range(topo.world) if sc.dp > 1]
 
 
-def fault_effects(sc, topo, base_stats) -> list[dict]:
+def _slow_link(sc, topo, f, insts, cf_insts) -> tuple[list[int], dict]:
+    """The instances a slow_link fault slows, compared with the same instances without it."""
+    order = _ordered(insts)
+    hit = [(i, inst) for i, inst in enumerate(order)
+           if topo.link_factor((f,), inst.comm.members) != 1.0]
+    ranks = sorted({r for _, inst in hit for r in inst.comm.members})
+    extra = [inst.comm.transfer - cf_insts[inst.key].comm.transfer for _, inst in hit]
+    factors = [inst.comm.transfer / cf_insts[inst.key].comm.transfer for _, inst in hit]
+    return ranks, {
+        "host": topo.host_name(f.host), "factor": f.factor,
+        "host_ranks": [r for r in range(topo.world) if topo.host(r) == f.host],
+        "collective_indices": [i for i, _ in hit],
+        "num_instances": len(hit),
+        "pg_names": sorted({inst.comm.group.name for _, inst in hit}, key=int),
+        "transfer_factor_mean": _mean(factors),
+        "extra_transfer_ns_per_step": sum(extra) / sc.steps,
+    }
+
+
+def fault_effects(sc, topo, base_stats, insts) -> list[dict]:
     from .writer import simulate_run  # the counterfactual runs reuse the whole pipeline
 
     out = []
@@ -100,7 +124,10 @@ def fault_effects(sc, topo, base_stats) -> list[dict]:
         cf = step_stats(cf_progs, cf_insts)
         delta = {k: [_mean(b[k]) - _mean(c[k]) for b, c in zip(base_stats, cf)]
                  for k in ("dur", "wait", "compute")}
-        ranks = _ranks_of(topo, f)
+        if f.kind == "slow_link":
+            ranks, link = _slow_link(sc, topo, f, insts, cf_insts)
+        else:
+            ranks = _ranks_of(topo, f)
         peers = [r for r in range(topo.world) if r not in ranks]
         d = dict(asdict(f), plants=FAULT_DOCS[f.kind], ranks=ranks,
                  counterfactual={"step_dur_delta_ns": delta["dur"],
@@ -119,6 +146,8 @@ def fault_effects(sc, topo, base_stats) -> list[dict]:
             expected.update(stage=sc.pp - 1, factor=f.factor)
         elif f.kind == "exposed_comm":
             expected.update(exposed_ns_per_step=_mean([delta["dur"][r] for r in ranks]))
+        elif f.kind == "slow_link":
+            expected.update(link)
         d["expected"] = expected
         out.append(d)
     return out
@@ -164,5 +193,5 @@ def build_truth(sc, topo, progs, insts, files, clocks) -> dict:
                      "layers_per_stage": [topo.stage_layers(s) for s in range(sc.pp)]},
         "ranks": ranks,
         "collectives": collectives(insts),
-        "faults": fault_effects(sc, topo, stats),
+        "faults": fault_effects(sc, topo, stats, insts),
     }

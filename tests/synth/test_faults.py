@@ -108,11 +108,70 @@ def test_slow_host_slows_only_its_ranks(tmp_path):
     assert truth["faults"][0]["ranks"] == [2, 3]
 
 
+def _instance_key(c) -> tuple:
+    """What names a collective instance in both a run and its fault-free twin."""
+    return (c["op"], c["pg_name"], c["seq"], c.get("src"), c.get("dst"), c.get("pair_index"))
+
+
+def test_slow_link_slows_exactly_the_inter_host_instances_of_its_host(tmp_path):
+    # 2 ranks per host: DP groups (0, 2), (1, 3) and PP pairs (2, 6), (3, 7) touch node1 and
+    # another host; TP pairs stay inside a host; DP (4, 6) and PP (0, 4) cross hosts elsewhere.
+    base = Scenario(tp=2, pp=2, dp=2, steps=2, layers=2, microbatches=2, hosts=4, seed=10,
+                    clock_jitter_ns=1_000)
+    factor = 2.5
+    truth, _ = _run(tmp_path, "link", replace(base, faults=(Fault("slow_link", host=1,
+                                                                   factor=factor),)))
+    clean, _ = _run(tmp_path, "clean", base)
+    host_of = {r: h["host"] for h in truth["hosts"] for r in h["ranks"]}
+    clean_transfer = {_instance_key(c): c["transfer_ns"] for c in clean["collectives"]}
+    assert len(clean_transfer) == len(truth["collectives"])
+    slowed, kinds = [], set()
+    for i, c in enumerate(truth["collectives"]):
+        hosts = {host_of[r] for r in c["ranks"]}
+        before = clean_transfer[_instance_key(c)]
+        if len(hosts) > 1 and "node1" in hosts:
+            assert c["transfer_ns"] == pytest.approx(factor * before, abs=1)
+            slowed.append(i)
+            kinds.add((c["op"], c["pg_desc"]))
+        else:
+            assert c["transfer_ns"] == before, c
+    assert kinds == {("allreduce", "DATA_PARALLEL_GROUP"), ("p2p", "PIPELINE_MODEL_PARALLEL_GROUP")}
+    assert any(len({host_of[r] for r in c["ranks"]}) > 1 and "node1" not in
+               {host_of[r] for r in c["ranks"]} for c in truth["collectives"])  # crossing elsewhere
+
+    effect = truth["faults"][0]
+    expected = effect["expected"]
+    assert expected["collective_indices"] == slowed and expected["num_instances"] == len(slowed)
+    assert expected["host"] == "node1" and expected["host_ranks"] == [2, 3]
+    assert expected["transfer_factor_mean"] == pytest.approx(factor, rel=1e-6)
+    assert effect["ranks"] == [0, 1, 2, 3, 6, 7]
+    extra = sum(truth["collectives"][i]["transfer_ns"] for i in slowed) - sum(
+        clean_transfer[_instance_key(truth["collectives"][i])] for i in slowed)
+    assert expected["extra_transfer_ns_per_step"] == pytest.approx(extra / base.steps)
+    # compute untouched, measured both ways; the slowed ranks' steps grow
+    assert effect["counterfactual"]["compute_kernel_delta_ns_per_step"] == [0] * 8
+    for got, want in zip(truth["ranks"], clean["ranks"]):
+        assert got["step_compute_kernel_ns"] == want["step_compute_kernel_ns"]
+    assert min(effect["counterfactual"]["step_dur_delta_ns"][r] for r in effect["ranks"]) > 0
+
+
+def test_slow_link_run_is_byte_identical_for_the_same_seed(tmp_path):
+    sc = Scenario(tp=1, pp=2, dp=2, steps=1, layers=2, microbatches=2, hosts=2, seed=4,
+                  clock_offset_ns={1: 7_000}, clock_jitter_ns=500,
+                  faults=[Fault("slow_link", host=0, factor=2.0)])
+    write_run(sc, tmp_path / "a")
+    write_run(sc, tmp_path / "b")
+    for p in sorted((tmp_path / "a").iterdir()):
+        assert p.read_bytes() == (tmp_path / "b" / p.name).read_bytes(), p.name
+
+
 @pytest.mark.parametrize("kwargs", [
     {"kind": "bogus"},
     {"kind": "slow_rank", "extra_ns": 5},
     {"kind": "slow_host", "host": 0, "factor": 0.5},
     {"kind": "stalled_input"},
+    {"kind": "slow_link", "factor": 2.0},
+    {"kind": "slow_link", "host": 0, "factor": 1.0},
 ])
 def test_bad_faults_are_rejected(kwargs):
     with pytest.raises(ValueError):
@@ -126,3 +185,5 @@ def test_bad_scenarios_are_rejected():
         Scenario(dp=2, faults=[Fault("slow_rank", rank=9, extra_ns=1)])
     with pytest.raises(ValueError):
         Scenario(dp=2, hosts=2, clock_offset_ns={2: 5})
+    with pytest.raises(ValueError):  # one host: no inter-host link to slow
+        Scenario(dp=2, hosts=1, faults=[Fault("slow_link", host=0, factor=2.0)])
