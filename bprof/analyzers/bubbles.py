@@ -70,7 +70,7 @@ def _imbalance_finding(run, stages) -> Finding | None:
     max(MIN_LOST_FRAC of the median step, 3 x the step-time MAD over steps).
     """
     lost_ns, noise_ns = run["imbalance_lost_ns"], run["step_noise_ns"]
-    if lost_ns is None or not run["slowest_every_step"] or lost_ns <= noise_ns:
+    if lost_ns is None or run["slowest_ratio"] is None or not run["slowest_every_step"] or lost_ns <= noise_ns:
         return None
     s, ratio, step_ns = run["slowest_stage"], run["slowest_ratio"], run["median_step_ns"]
     busy = {str(k): v["busy_ns"] for k, v in stages.items()}
