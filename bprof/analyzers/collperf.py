@@ -1,0 +1,79 @@
+"""How did each collective perform? Arrival skew, each member's wait for the last peer, transfer
+time and nccl-tests bandwidths per matched instance on aligned clocks, aggregated per group, op
+and message size; uneven MoE all_to_all becomes an expert-imbalance finding.
+
+Reads match_instances, match_members, ranks, collectives; writes collperf_instances,
+collperf_members, collperf_waits, collperf_groups (definitions in collperf.sql).
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
+
+NAME = "collperf"
+TABLES = ["collperf_instances", "collperf_members", "collperf_waits", "collperf_groups"]
+IMBALANCE_FRAC = 0.2  # all_to_all flagged when the busiest receiver gets >= 1.25x the mean (1 - 1/1.25)
+
+
+def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    run_sql(con, "collperf.sql", run_id)
+    return Result(NAME, TABLES, _findings(con, run_id))
+
+
+def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    findings = []
+    complete, measured = con.execute("""
+        SELECT (SELECT count(*) FROM match_instances WHERE run_id = $1 AND status = 'complete' AND num_members >= 2),
+               (SELECT count(*) FROM collperf_instances WHERE run_id = $1)""", [run_id]).fetchone()
+    if complete and measured < complete:
+        findings.append(not_measurable(
+            f"{complete - measured} of {complete} matched collectives have a member on an unaligned clock: "
+            "their skew, waits and transfer times are not measured",
+            "Clock alignment found no offset for some hosts (see the clock analyzer's finding).",
+            "Record with `bprof record` so every host's clock is sampled against rank 0's.",
+            num_instances=complete - measured))
+    findings += _expert_imbalance(con, run_id)
+    return findings
+
+
+def _expert_imbalance(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    """MoE all_to_all whose members receive very different byte counts (tokens per expert).
+
+    lost_ns counts only the all_to_all itself: with every member receiving the mean, the transfer
+    would be bounded by the mean instead of the largest receive, i.e. shorter by transfer_ns x
+    imbalance_frac (summed per step, median over steps). The expert compute that the busiest rank
+    then runs longer (and its peers wait for) is not counted."""
+    rows = con.execute("""
+        WITH per_step AS (
+            SELECT pg_name, any_value(pg_desc) AS pg_desc, any_value(pg_ranks) AS pg_ranks, step,
+                   sum(transfer_ns * member_bytes_imbalance_frac) AS lost_ns,
+                   median(member_bytes_imbalance_frac) AS imbalance_frac, count(*) AS n
+            FROM collperf_instances
+            WHERE run_id = ? AND op = 'all_to_all' AND member_bytes_imbalance_frac IS NOT NULL
+            GROUP BY pg_name, step
+        )
+        SELECT pg_name, any_value(pg_desc), any_value(pg_ranks), median(imbalance_frac), median(lost_ns),
+               list(step ORDER BY step), sum(n)
+        FROM per_step GROUP BY pg_name HAVING median(imbalance_frac) >= ?
+        ORDER BY median(lost_ns) DESC NULLS LAST""", [run_id, IMBALANCE_FRAC]).fetchall()
+    if not rows:
+        return []
+    step_ns = con.execute("SELECT median(dur_ns) FROM steps WHERE run_id = ?", [run_id]).fetchone()[0]
+    findings = []
+    for pg_name, pg_desc, pg_ranks, frac, lost_ns, steps, n in rows:
+        lost = int(lost_ns) if lost_ns is not None else None
+        findings.append(Finding(
+            severity_for(lost, step_ns) if lost is not None and step_ns else "warning",
+            f"Expert imbalance: the busiest rank of group {pg_name} ({pg_desc}) receives {1 / (1 - frac):.2f}x the "
+            f"mean all_to_all bytes",
+            "Balance the tokens routed to each expert (auxiliary load-balancing loss, capacity factor, "
+            "expert-choice or loss-free balancing routers), or place hot experts on more ranks.",
+            f"Median over {n} all_to_all instances of 1 - mean/max bytes received per member: {frac:.2f}. "
+            "Counterfactual behind lost_ns: every member receives the mean, so each all_to_all is shorter by its "
+            "transfer time x that fraction (sum per step, median over steps); the longer expert compute on the "
+            "busiest rank, and its peers' wait for it, are not counted.",
+            lost, {"pg_name": pg_name, "pg_desc": pg_desc, "ranks": pg_ranks, "steps": steps,
+                   "imbalance_frac": frac}))
+    return findings
