@@ -20,10 +20,13 @@ TABLES = ["bubbles_stages", "bubbles_runs"]
 # A cost under this share of the step is not reported: below what severity_for calls a warning, and
 # step times on shared machines move by about that much from run to run.
 MIN_LOST_FRAC = 0.02
+# Noise is judged on ratios, not on times: the load of a shared machine stretches every stage of a
+# step alike, so step times can vary by half while the stages' ratios and bubble shares hold.
+NOISE_MADS = 3
 
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
-    run_sql(con, "bubbles.sql", run_id, {"min_frac": MIN_LOST_FRAC})
+    run_sql(con, "bubbles.sql", run_id)
     result = Result(NAME, TABLES)
     cur = con.execute("SELECT * FROM bubbles_runs WHERE run_id = ?", [run_id])
     names = [d[0] for d in cur.description]
@@ -66,13 +69,15 @@ def _imbalance_finding(run, stages) -> Finding | None:
     Counterfactual: the slowest stage does the median work of the other stages. A pipeline of m
     equal micro-batches through stages that take t_s each runs a step in T = sum_s t_s + (m-1) max_s t_s
     ((m+p-1) t for equal stages), t_s = busy_ns / m; lost_ns = T - T(slowest at the others' median).
-    Reported only when the same stage is the slowest in every analysed step and lost_ns is above
-    max(MIN_LOST_FRAC of the median step, 3 x the step-time MAD over steps).
+    Reported only when the same stage is the slowest in every analysed step, its ratio's excess over 1
+    is above NOISE_MADS x the ratio's MAD over steps, and lost_ns is at least MIN_LOST_FRAC of the step.
     """
-    lost_ns, noise_ns = run["imbalance_lost_ns"], run["step_noise_ns"]
-    if lost_ns is None or run["slowest_ratio"] is None or not run["slowest_every_step"] or lost_ns <= noise_ns:
+    lost_ns, ratio, mad, step_ns = run["imbalance_lost_ns"], run["slowest_ratio"], run["slowest_ratio_mad"], run["median_step_ns"]
+    if lost_ns is None or ratio is None or not run["slowest_every_step"]:
         return None
-    s, ratio, step_ns = run["slowest_stage"], run["slowest_ratio"], run["median_step_ns"]
+    if ratio - 1 <= NOISE_MADS * (mad or 0) or lost_ns < MIN_LOST_FRAC * step_ns:
+        return None
+    s = run["slowest_stage"]
     busy = {str(k): v["busy_ns"] for k, v in stages.items()}
     return Finding(
         severity_for(lost_ns, step_ns),
@@ -83,8 +88,8 @@ def _imbalance_finding(run, stages) -> Finding | None:
         f"Counterfactual: stage {s} does the median work of the other stages. The pipeline runs a step at "
         f"the pace of its slowest stage: T = sum of t + (m-1) x max t over stages, t = a stage's busy time "
         f"per micro-batch (busy = step span - time waiting for neighbours); the step would be shorter by "
-        f"{lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step; the step time varies by "
-        f"{noise_ns / 1e6:.2f} ms anyway. Busy ns per stage: {busy}.",
+        f"{lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step, and its ratio to the others "
+        f"varies by {mad or 0:.3f} (MAD over steps). Busy ns per stage: {busy}.",
         lost_ns,
         {"ranks": stages[s]["ranks"], "steps": stages[s]["steps"], "stage": s, "ratio": ratio,
          "busy_ns_by_stage": busy, "num_microbatches": run["num_microbatches"]})
@@ -96,13 +101,15 @@ def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
     Counterfactual: the same total work spread evenly over the stages, each waiting only the
     schedule's theoretical share of the step: step' = mean busy / (1 - theory), with mean busy =
     step x (1 - measured); lost_ns = step - step'. Reported only when every
-    analysed step is above theory and lost_ns is above max(MIN_LOST_FRAC of the median step, 3 x the
-    MAD over steps of the bubble time).
+    analysed step is above theory, the excess fraction is above NOISE_MADS x the MAD over steps of
+    the bubble fraction, and lost_ns is at least MIN_LOST_FRAC of the step.
     """
-    lost_ns, noise_ns = run["excess_lost_ns"], run["bubble_noise_ns"]
-    if not lost_ns or not run["above_theory_every_step"] or lost_ns <= noise_ns:
+    lost_ns, mad, step_ns = run["excess_lost_ns"], run["bubble_frac_mad"], run["median_step_ns"]
+    if not lost_ns or not run["above_theory_every_step"]:
         return None
-    measured, theory, step_ns = run["bubble_frac_measured"], run["bubble_frac_theory"], run["median_step_ns"]
+    if run["excess_frac"] <= NOISE_MADS * (mad or 0) or lost_ns < MIN_LOST_FRAC * step_ns:
+        return None
+    measured, theory = run["bubble_frac_measured"], run["bubble_frac_theory"]
     fracs = {str(k): round(v["bubble_frac"], 4) for k, v in stages.items()}
     if imbalance:
         cause = (f"Stage {imbalance.evidence['stage']} does {imbalance.evidence['ratio']:.2f}x the work of the "
@@ -120,7 +127,7 @@ def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
         f"Counterfactual: the same total work spread evenly over the stages, each waiting only the schedule's "
         f"share (p-1)/(m+p-1) of the step: step' = mean busy time / (1 - theory); the step would be shorter by "
         f"{lost_ns / 1e6:.2f} ms ({run['excess_frac']:.1%} of the step above theory). Every analysed step is "
-        f"above theory; the bubble varies by {noise_ns / 1e6:.2f} ms anyway. {cause} Bubble fraction per "
+        f"above theory; the bubble fraction varies by {mad or 0:.3f} (MAD over steps). {cause} Bubble fraction per "
         f"stage: {fracs}.",
         lost_ns,
         {"ranks": sorted(r for v in stages.values() for r in v["ranks"]),

@@ -60,9 +60,9 @@ CREATE TABLE IF NOT EXISTS bubbles_runs (
     declared_stages INTEGER, declared_microbatches INTEGER, declared_schedule VARCHAR, p2p_dims VARCHAR[],
     num_steps INTEGER NOT NULL, median_step_ns BIGINT,
     bubble_frac_measured DOUBLE, bubble_frac_theory DOUBLE, excess_frac DOUBLE,
-    excess_lost_ns BIGINT, bubble_noise_ns BIGINT, above_theory_every_step BOOLEAN,
+    excess_lost_ns BIGINT, bubble_frac_mad DOUBLE, above_theory_every_step BOOLEAN,
     slowest_stage INTEGER, slowest_busy_ns BIGINT, median_other_busy_ns BIGINT, slowest_ratio DOUBLE,
-    slowest_every_step BOOLEAN, imbalance_lost_ns BIGINT, step_noise_ns BIGINT
+    slowest_ratio_mad DOUBLE, slowest_every_step BOOLEAN, imbalance_lost_ns BIGINT
 );
 COMMENT ON TABLE bubbles_runs IS 'The pipeline of a run (stages, micro-batches, schedule, and where each came from), its measured bubble against the schedule''s theory, and its slowest stage.';
 COMMENT ON COLUMN bubbles_runs.run_id IS 'Run (runs.run_id).';
@@ -84,15 +84,15 @@ COMMENT ON COLUMN bubbles_runs.bubble_frac_measured IS 'Mean over stages of each
 COMMENT ON COLUMN bubbles_runs.bubble_frac_theory IS '(p-1)/(v*m+p-1): the schedule''s bubble with equal stages and free communication.';
 COMMENT ON COLUMN bubbles_runs.excess_frac IS 'bubble_frac_measured - bubble_frac_theory (negative: below theory).';
 COMMENT ON COLUMN bubbles_runs.excess_lost_ns IS 'Step time above the theoretical bubble: median_step_ns * excess_frac / (1 - theory) = step - mean busy / (1 - theory), the step with the same total work spread evenly over the stages and the theoretical bubble share; 0 when at or below theory.';
-COMMENT ON COLUMN bubbles_runs.bubble_noise_ns IS 'What the bubble varies by anyway: max(min_frac of the median step, 3 x the MAD over steps of the per-step bubble, mean over stages).';
+COMMENT ON COLUMN bubbles_runs.bubble_frac_mad IS 'MAD over steps of the per-step bubble fraction (mean over stages): what it varies by anyway (0 with one step).';
 COMMENT ON COLUMN bubbles_runs.above_theory_every_step IS 'Whether every analysed step''s bubble fraction (mean over stages) is above theory.';
 COMMENT ON COLUMN bubbles_runs.slowest_stage IS 'Stage with the largest median busy_ns.';
 COMMENT ON COLUMN bubbles_runs.slowest_busy_ns IS 'Its median busy_ns per step.';
 COMMENT ON COLUMN bubbles_runs.median_other_busy_ns IS 'Median over the other stages of their median busy_ns.';
 COMMENT ON COLUMN bubbles_runs.slowest_ratio IS 'slowest_busy_ns / median_other_busy_ns.';
+COMMENT ON COLUMN bubbles_runs.slowest_ratio_mad IS 'MAD over steps of the per-step ratio (the slowest stage''s busy_ns / the other stages'' median in that step); 0 with one step.';
 COMMENT ON COLUMN bubbles_runs.slowest_every_step IS 'Whether the slowest stage is the slowest in every analysed step.';
 COMMENT ON COLUMN bubbles_runs.imbalance_lost_ns IS 'Step time the slowest stage costs: T(t) - T(t with the slowest stage at the others'' median), T = sum of t + (m-1) * max t, t = busy_ns / m per stage (a pipeline of m equal micro-batches).';
-COMMENT ON COLUMN bubbles_runs.step_noise_ns IS 'What the step time varies by anyway: max(min_frac of the median step, 3 x the MAD over steps of the step span).';
 
 -- The send/recv calls of the analysed steps, with the peer where it is known.
 CREATE OR REPLACE TEMP TABLE _bubbles_p2p AS
@@ -233,8 +233,11 @@ WITH declared AS (
 ), measured AS (
     SELECT avg(bubble_frac) AS frac FROM per_stage
 ), steps AS (
-    SELECT count(*) AS num_steps, median(span_ns) AS step_ns, mad(bubble_ns) AS bubble_mad_ns, mad(span_ns) AS span_mad_ns
-    FROM per_step
+    SELECT count(*) AS num_steps, median(span_ns) AS step_ns, mad(bubble_frac) AS frac_mad FROM per_step
+), step_ratio AS (
+    SELECT ss.step, max(ss.busy_ns) FILTER (WHERE ss.stage = sl.stage)
+                    / nullif(median(ss.busy_ns) FILTER (WHERE ss.stage <> sl.stage), 0) AS ratio
+    FROM stage_step ss, slowest sl GROUP BY ss.step
 ), figures AS (
     SELECT r.*, CASE WHEN r.detected IS NOT NULL THEN r.detected ELSE r.schedule END AS used_schedule,
         (r.p - 1) / (r.m + r.p - 1) AS theory, st.*, me.frac AS measured,
@@ -250,12 +253,11 @@ SELECT $run_id, num_pipelines, p, m, 1, used_schedule, source, m_source,
     num_steps, CAST(step_ns AS BIGINT),
     measured, theory, measured - theory,
     CAST(greatest(0, step_ns * (measured - theory) / (1 - theory)) AS BIGINT),
-    CAST(greatest($min_frac * step_ns, 3 * bubble_mad_ns) AS BIGINT),
+    frac_mad,
     (SELECT bool_and(bubble_frac > theory) FROM per_step),
     slowest_stage, CAST(slowest_busy_ns AS BIGINT), CAST(median_busy_ns AS BIGINT),
-    slowest_busy_ns / nullif(median_busy_ns, 0),
+    slowest_busy_ns / nullif(median_busy_ns, 0), (SELECT mad(ratio) FROM step_ratio),
     (SELECT bool_and(slowest_stage = f.slowest_stage) FROM per_step),
-    CAST(((slowest_busy_ns - median_busy_ns) + (m - 1) * (slowest_busy_ns - greatest(max_busy_ns, median_busy_ns))) / m AS BIGINT),
-    CAST(greatest($min_frac * step_ns, 3 * span_mad_ns) AS BIGINT)
+    CAST(((slowest_busy_ns - median_busy_ns) + (m - 1) * (slowest_busy_ns - greatest(max_busy_ns, median_busy_ns))) / m AS BIGINT)
 FROM figures f
 WHERE p IS NOT NULL AND num_steps > 0;
