@@ -222,7 +222,7 @@ WITH declared AS (
 ), per_stage AS (
     SELECT stage, median(busy_ns) AS busy_ns, median(bubble_frac) AS bubble_frac FROM stage_step GROUP BY stage
 ), per_step AS (
-    SELECT step, avg(bubble_ns) AS bubble_ns, avg(span_ns) AS span_ns, avg(bubble_frac) AS bubble_frac,
+    SELECT step, avg(span_ns) AS span_ns, avg(bubble_frac) AS bubble_frac,
         arg_max(stage, busy_ns) AS slowest_stage
     FROM stage_step GROUP BY step
 ), slowest AS (
