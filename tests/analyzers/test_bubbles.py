@@ -213,10 +213,11 @@ def test_synthetic_stage_imbalance_names_the_last_stage_and_costs_what_removing_
 # --- real CPU runs: train_gpt.py --pp under bprof record (torchrun, gloo) -------------------------
 
 MICROBATCHES = 4
-# CPU ranks share 2 cores with each other (and with whatever else runs): a stage's step time moves
-# by tens of percent from step to step. The measured fraction of a balanced pipeline (median over
-# steps, mean over stages) lies within this of theory.
-REAL_BAND = 0.15
+# The measured fraction of a balanced pipeline against theory. Below: only the work outside the
+# pipeline (optimizer, data loading: ~5% of these steps) dilutes the bubble. Above: CPU ranks share
+# 2 cores with each other and with whatever else runs, and contention adds waiting (seen: +0.00 to
+# +0.06 for --pp 2, +0.05 to +0.15 for --pp 4 with 4 ranks on the 2 cores).
+REAL_BELOW, REAL_ABOVE = 0.10, 0.30
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +239,15 @@ def test_real_pipeline_bubble_is_reported_against_theory(real, name, stages, sch
         stages, MICROBATCHES, "1f1b", "p2p_peers", schedule_source)
     assert (run["declared_stages"], run["declared_microbatches"]) == (stages, MICROBATCHES)
     assert run["bubble_frac_theory"] == pytest.approx((stages - 1) / (MICROBATCHES + stages - 1))
-    assert run["bubble_frac_measured"] == pytest.approx(run["bubble_frac_theory"], abs=REAL_BAND)
+    theory = run["bubble_frac_theory"]
+    assert theory - REAL_BELOW < run["bubble_frac_measured"] < theory + REAL_ABOVE, run
     assert not any("declared pipeline differs" in t for _, _, t, _ in _findings(con, run_id))
+
+
+def test_real_bubble_grows_with_the_stages_as_theory_says(real):
+    # 3/7 for --pp 4 against 1/5 for --pp 2 (m = 4): the gap is larger than what contention adds
+    pp2, pp4 = (_run(*real[name]) for name in ("pp2", "pp4"))
+    assert pp4["bubble_frac_measured"] > pp2["bubble_frac_measured"], (pp2, pp4)
 
 
 def test_real_stage_imbalance_names_the_last_stage(real):
