@@ -6,7 +6,9 @@ rolls the whole analysis back, leaving the store as it was.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+from importlib import resources
 from typing import Callable
 
 import duckdb
@@ -25,6 +27,7 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int, options: Options = 
     results = []
     con.execute("BEGIN TRANSACTION")
     try:
+        _drop_stale_tables(con)
         for module in modules:
             if progress:
                 progress(module.NAME)
@@ -37,6 +40,32 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int, options: Options = 
         con.execute("ROLLBACK")
         raise
     return results
+
+
+def _drop_stale_tables(con: duckdb.DuckDBPyConnection) -> None:
+    """Derived tables are created with IF NOT EXISTS; when this bprof's analyzer SQL differs from the
+    one that created them, drop them all (every run's derived rows: they are recomputed by analysing
+    again, while the store's own tables stay untouched)."""
+    digest = _analysis_digest()
+    row = con.execute("SELECT value FROM meta WHERE key = 'analysis_sql'").fetchone()
+    if row and row[0] == digest:
+        return
+    for name in ANALYZERS + [HTA_COMPAT]:
+        for table in importlib.import_module(f"bprof.analyzers.{name}").TABLES:
+            if table not in ("metrics", "step_metrics"):
+                # names come from the analyzers' own constants, never from user input
+                con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.execute("DELETE FROM meta WHERE key = 'analysis_sql'")
+    con.execute("INSERT INTO meta VALUES ('analysis_sql', ?)", [digest])
+
+
+def _analysis_digest() -> str:
+    """sha256 over every analyzer SQL file: a change in any may change a derived table."""
+    h = hashlib.sha256()
+    for f in sorted(resources.files("bprof.analyzers").iterdir(), key=lambda f: f.name):
+        if f.name.endswith(".sql"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:

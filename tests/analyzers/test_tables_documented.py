@@ -54,3 +54,14 @@ def test_a_failing_analyzer_rolls_the_whole_analysis_back(analysed, monkeypatch)
         analysis.analyze_run(con, run_id, Options())
     assert con.execute("SELECT count(*), sum(compute_ns) FROM breakdown_steps").fetchone() == before
     assert con.execute("SELECT count(*) FROM findings").fetchone()[0] == findings
+
+
+def test_derived_tables_of_an_older_analysis_are_dropped_and_rebuilt(analysed):
+    con, run_id = analysed
+    con.execute("ALTER TABLE breakdown_ranks DROP COLUMN comm_overlap_frac")  # as an older bprof made it
+    con.execute("UPDATE meta SET value = 'older' WHERE key = 'analysis_sql'")
+    analysis.analyze_run(con, run_id, Options())
+    columns = {c for (c,) in con.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'breakdown_ranks'").fetchall()}
+    assert "comm_overlap_frac" in columns
+    assert con.execute("SELECT count(*) FROM breakdown_ranks WHERE run_id = ?", [run_id]).fetchone()[0] == 1
