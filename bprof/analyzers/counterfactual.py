@@ -77,13 +77,19 @@ def work_segments(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     return work, tail
 
 
-def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None = None) -> Replay:
-    """Replay the step with the given work (default: as measured); each exit keeps its measured
-    offset after the last arrival of its instance."""
+def exit_offsets(g: StepGraph) -> np.ndarray:
+    """Each member's exit after the last arrival of its instance: the transfer it saw."""
+    return g.end_ns - _instance_max(g.instance, g.arrival_ns)[g.instance]
+
+
+def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None = None,
+           exit_after_ns: np.ndarray | None = None) -> Replay:
+    """Replay the step with the given work and transfers (default: as measured); each exit follows
+    the last arrival of its instance by `exit_after_ns`."""
     base_work, base_tail = work_segments(g)
     work = base_work if work is None else work
     tail = base_tail if tail is None else tail
-    exit_after_ns = g.end_ns - _instance_max(g.instance, g.arrival_ns)[g.instance]
+    exit_after_ns = exit_offsets(g) if exit_after_ns is None else exit_after_ns
     # Algorithm: instances in the order of their measured last arrival (a topological order: an
     # instance depends only on instances its members left before arriving at it). A member arrives at
     # its rank's previous exit plus its work; the instance's exits follow its latest arrival.

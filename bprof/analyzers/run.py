@@ -16,7 +16,8 @@ import duckdb
 from bprof.analyzers.base import Options, Result, replace_rows, write_findings
 
 # Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
-ANALYZERS = ["timeline", "breakdown", "kernels", "phases", "idle", "launch", "memory", "metrics"]
+ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "phases", "idle", "launch", "memory",
+             "bubbles", "stragglers", "metrics"]
 HTA_COMPAT = "hta_compat"
 
 

@@ -30,7 +30,11 @@ COMMENT ON COLUMN stragglers_ranks.flagged IS 'lost_ns >= max(2% of the median s
 COMMENT ON COLUMN stragglers_ranks.cause IS 'For flagged ranks: device (its compute exceeds the median rank''s by more than its host-side time does) or host.';
 
 CREATE OR REPLACE TEMP TABLE _st_members AS
-SELECT m.instance_id, m.rank, i.step, i.is_p2p, m.arrival_aligned_ns, m.end_aligned_ns,
+SELECT m.instance_id, m.rank, i.step, i.is_p2p,
+    -- what the member does: its op (a send and a recv are different roles) and the group size
+    CASE WHEN i.is_p2p THEN CASE WHEN m.rank = i.src_rank THEN 'send' ELSE 'recv' END ELSE i.op END
+        || '/' || coalesce(CAST(i.group_size AS VARCHAR), '?') AS role,
+    m.arrival_aligned_ns, m.end_aligned_ns,
     max(m.arrival_aligned_ns) OVER (PARTITION BY m.instance_id) AS last_arrival_ns,
     count(*) OVER (PARTITION BY m.instance_id, m.arrival_aligned_ns) AS num_at_time
 FROM match_members m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
