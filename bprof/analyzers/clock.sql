@@ -77,13 +77,27 @@ FROM per_pair p JOIN bounds b USING (host, ref_host);
 -- Algorithm: per instance and host, the median end of its members there (one clock); each host's
 -- end minus the end on the host of the instance's lowest rank (the anchor) is one observation of
 -- clock(host) - clock(anchor). Per pair: the median observation and the median absolute deviation.
--- Only complete instances with device (or gloo worker) timing, on more than one host.
+-- Only complete instances with device (or gloo worker) timing whose group spans hosts.
 CREATE OR REPLACE TEMP TABLE _clock_exit_edges AS
-WITH inst AS (
-    SELECT instance_id, CASE WHEN is_p2p THEN 'p2p_exits' ELSE 'exits' END AS kind
-    FROM match_instances
-    WHERE run_id = $run_id AND status = 'complete' AND timing = 'device'
-      AND (is_p2p OR op IN ('all_reduce', 'all_gather', 'reduce_scatter', 'barrier'))
+WITH groups AS (
+    SELECT pg_name, any_value(pg_ranks) AS pg_ranks FROM match_instances
+    WHERE run_id = $run_id AND NOT is_p2p AND pg_name IS NOT NULL GROUP BY pg_name
+), spanning AS (
+    -- collective groups with members on more than one clock (or unknown members): only their
+    -- exits link clocks, and most calls of a large job (tensor parallel) stay within one host
+    SELECT g.pg_name FROM groups g
+    LEFT JOIN (SELECT pg_name, unnest(pg_ranks) AS rank FROM groups) u USING (pg_name)
+    LEFT JOIN _clock_domains d USING (rank)
+    GROUP BY g.pg_name HAVING count(DISTINCT d.host) > 1 OR any_value(g.pg_ranks) IS NULL
+), inst AS (
+    SELECT i.instance_id, CASE WHEN i.is_p2p THEN 'p2p_exits' ELSE 'exits' END AS kind
+    FROM match_instances i
+    LEFT JOIN _clock_domains s ON s.rank = i.src_rank
+    LEFT JOIN _clock_domains r ON r.rank = i.dst_rank
+    WHERE i.run_id = $run_id AND i.status = 'complete' AND i.timing = 'device'
+      AND (i.is_p2p AND s.host <> r.host
+           OR i.op IN ('all_reduce', 'all_gather', 'reduce_scatter', 'barrier')
+              AND (i.pg_name IS NULL OR i.pg_name IN (SELECT pg_name FROM spanning)))
 ), per_host AS (
     SELECT m.instance_id, i.kind, d.host, min(m.rank) AS first_rank,
         quantile_disc(m.end_ts_ns, 0.5) AS end_ns

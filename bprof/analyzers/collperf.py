@@ -3,7 +3,8 @@ time and nccl-tests bandwidths per matched instance on aligned clocks, aggregate
 and message size; uneven MoE all_to_all becomes an expert-imbalance finding.
 
 Reads match_instances, match_members, ranks, collectives; writes collperf_instances,
-collperf_members, collperf_waits, collperf_groups (definitions in collperf.sql).
+collperf_waits, collperf_groups (definitions in collperf.sql). Each member's wait is a row of
+collperf_waits (an interval on its own clock, what breakdown intersects); the last member waits 0.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import duckdb
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
 
 NAME = "collperf"
-TABLES = ["collperf_instances", "collperf_members", "collperf_waits", "collperf_groups"]
+TABLES = ["collperf_instances", "collperf_waits", "collperf_groups"]
 IMBALANCE_FRAC = 0.2  # all_to_all flagged when the busiest receiver gets >= 1.25x the mean (1 - 1/1.25)
 
 
@@ -47,12 +48,12 @@ def _expert_imbalance(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Findi
     then runs longer (and its peers wait for) is not counted."""
     rows = con.execute("""
         WITH per_step AS (
-            SELECT pg_name, any_value(pg_desc) AS pg_desc, any_value(pg_ranks) AS pg_ranks, step,
-                   sum(transfer_ns * member_bytes_imbalance_frac) AS lost_ns,
-                   median(member_bytes_imbalance_frac) AS imbalance_frac, count(*) AS n
-            FROM collperf_instances
-            WHERE run_id = ? AND op = 'all_to_all' AND member_bytes_imbalance_frac IS NOT NULL
-            GROUP BY pg_name, step
+            SELECT c.pg_name, any_value(i.pg_desc) AS pg_desc, any_value(i.pg_ranks) AS pg_ranks, c.step,
+                   sum(c.transfer_ns * c.member_bytes_imbalance_frac) AS lost_ns,
+                   median(c.member_bytes_imbalance_frac) AS imbalance_frac, count(*) AS n
+            FROM collperf_instances c JOIN match_instances i USING (run_id, instance_id)
+            WHERE c.run_id = ? AND c.op = 'all_to_all' AND c.member_bytes_imbalance_frac IS NOT NULL
+            GROUP BY c.pg_name, c.step
         )
         SELECT pg_name, any_value(pg_desc), any_value(pg_ranks), median(imbalance_frac), median(lost_ns),
                list(step ORDER BY step), sum(n)

@@ -1,14 +1,15 @@
 -- How did each collective perform: how long did its members wait for the last one, how long did
 -- the transfer itself take, at what bandwidth? Per complete instance, per member, per group.
 -- Reads match_instances, match_members (aligned by the clock analyzer), ranks, collectives;
--- writes collperf_instances, collperf_members, collperf_waits, collperf_groups.
+-- writes collperf_instances, collperf_waits, collperf_groups.
 --
 -- Definitions (on aligned clocks, match_members.*_aligned_ns):
 -- * skew_ns = last arrival - first arrival; last_rank = the member that arrived last.
 -- * wait_ns of a member = last arrival - its own arrival: the part of its call spent waiting for
 --   peers (the exposed_wait of the analyze partition, once breakdown intersects it with exposed
 --   communication through collperf_waits).
--- * transfer_ns = common end - last arrival, the common end being the median of the members' ends.
+-- * transfer_ns = common end - last arrival, the common end being the median of the members' ends
+--   (up to 4 members; beyond, their mean without the earliest and the latest end).
 -- * nccl-tests conventions: algbw = bytes / transfer time, with bytes as match_instances.bytes
 --   counts them (all_gather its output, reduce_scatter its input); busbw = algbw x factor:
 --   all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;
@@ -21,8 +22,6 @@ CREATE TABLE IF NOT EXISTS collperf_instances (
     instance_id BIGINT NOT NULL,
     op VARCHAR NOT NULL,
     pg_name VARCHAR,
-    pg_desc VARCHAR,
-    pg_ranks INTEGER[],
     seq BIGINT,
     is_p2p BOOLEAN NOT NULL,
     step INTEGER,
@@ -42,15 +41,13 @@ CREATE TABLE IF NOT EXISTS collperf_instances (
     link_peak_bytes_per_s DOUBLE,
     busbw_peak_frac DOUBLE,
     member_bytes_imbalance_frac DOUBLE,
-    PRIMARY KEY (run_id, instance_id)
+    wait_ns BIGINT NOT NULL
 );
 COMMENT ON TABLE collperf_instances IS 'One row per complete collective or p2p instance on aligned clocks: arrival skew, transfer time, bandwidth.';
 COMMENT ON COLUMN collperf_instances.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN collperf_instances.instance_id IS 'Instance (match_instances.instance_id).';
 COMMENT ON COLUMN collperf_instances.op IS 'Canonical op, or p2p for a send/recv pair.';
-COMMENT ON COLUMN collperf_instances.pg_name IS 'Process group name.';
-COMMENT ON COLUMN collperf_instances.pg_desc IS 'Process group description.';
-COMMENT ON COLUMN collperf_instances.pg_ranks IS 'Global ranks of the process group.';
+COMMENT ON COLUMN collperf_instances.pg_name IS 'Process group name (its description and ranks: match_instances, collperf_groups).';
 COMMENT ON COLUMN collperf_instances.seq IS 'Sequence number of the instance (match_instances.seq).';
 COMMENT ON COLUMN collperf_instances.is_p2p IS 'True for a send/recv pair.';
 COMMENT ON COLUMN collperf_instances.step IS 'Profiler step of the instance (match_instances.step).';
@@ -61,7 +58,7 @@ COMMENT ON COLUMN collperf_instances.first_arrival_aligned_ns IS 'Earliest membe
 COMMENT ON COLUMN collperf_instances.last_arrival_aligned_ns IS 'Latest member arrival, reference clock: when the collective could start moving data.';
 COMMENT ON COLUMN collperf_instances.skew_ns IS 'Arrival skew: last_arrival_aligned_ns - first_arrival_aligned_ns.';
 COMMENT ON COLUMN collperf_instances.last_rank IS 'The member that arrived last (the lowest rank on a tie).';
-COMMENT ON COLUMN collperf_instances.end_aligned_ns IS 'Common end: median of the members'' aligned ends; NULL when a member has no end.';
+COMMENT ON COLUMN collperf_instances.end_aligned_ns IS 'Common end of the members'' aligned ends: their median for up to 4 members, beyond that their mean without the earliest and the latest end (robust like the median, and cheap at 10k ranks); NULL when a member has no end.';
 COMMENT ON COLUMN collperf_instances.transfer_ns IS 'end_aligned_ns - last_arrival_aligned_ns: the collective''s own time once everyone had arrived (negative only through clock error).';
 COMMENT ON COLUMN collperf_instances.algbw_bytes_per_s IS 'bytes / transfer time (nccl-tests algbw); NULL without a positive transfer time or a size.';
 COMMENT ON COLUMN collperf_instances.busbw_factor IS 'nccl-tests bus-bandwidth factor of the op: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n; broadcast, reduce, p2p 1; NULL for others (barrier).';
@@ -69,26 +66,8 @@ COMMENT ON COLUMN collperf_instances.busbw_bytes_per_s IS 'algbw_bytes_per_s x b
 COMMENT ON COLUMN collperf_instances.spans_hosts IS 'Whether the members are on more than one host (inter-host link) or one (intra-host link); NULL when a member''s host is unknown.';
 COMMENT ON COLUMN collperf_instances.link_peak_bytes_per_s IS 'Peak bandwidth of the link the instance crosses (NVLink/xGMI within a host, the NIC across hosts); NULL: bprof has no table of link bandwidths yet, and guessing one would make busbw_peak_frac a fiction.';
 COMMENT ON COLUMN collperf_instances.busbw_peak_frac IS 'busbw_bytes_per_s / link_peak_bytes_per_s; NULL while the link peak is unknown.';
+COMMENT ON COLUMN collperf_instances.wait_ns IS 'Sum over the members of their wait for the last peer (last arrival - own arrival): rank-time the instance cost in waiting; each wait is in collperf_waits.';
 COMMENT ON COLUMN collperf_instances.member_bytes_imbalance_frac IS 'all_to_all only: 1 - mean / max of the bytes the members receive (out_bytes): 0 when every rank (expert) receives the same, near 1 when one receives almost everything; NULL for other ops or without sizes.';
-
-CREATE TABLE IF NOT EXISTS collperf_members (
-    run_id INTEGER NOT NULL,
-    instance_id BIGINT NOT NULL,
-    rank INTEGER NOT NULL,
-    step INTEGER,
-    arrival_aligned_ns BIGINT NOT NULL,
-    wait_ns BIGINT NOT NULL,
-    is_last BOOLEAN NOT NULL,
-    PRIMARY KEY (run_id, instance_id, rank)
-);
-COMMENT ON TABLE collperf_members IS 'One row per member of a collperf_instances instance: how long it waited for the last peer.';
-COMMENT ON COLUMN collperf_members.run_id IS 'Run (runs.run_id).';
-COMMENT ON COLUMN collperf_members.instance_id IS 'Instance (collperf_instances.instance_id).';
-COMMENT ON COLUMN collperf_members.rank IS 'Global rank of the member.';
-COMMENT ON COLUMN collperf_members.step IS 'Profiler step of the member''s call on its rank.';
-COMMENT ON COLUMN collperf_members.arrival_aligned_ns IS 'Its arrival, reference clock (match_members.arrival_aligned_ns).';
-COMMENT ON COLUMN collperf_members.wait_ns IS 'Last arrival - own arrival: time spent waiting for the last peer (0 for the last).';
-COMMENT ON COLUMN collperf_members.is_last IS 'True for the instance''s last_rank.';
 
 CREATE TABLE IF NOT EXISTS collperf_waits (
     run_id INTEGER NOT NULL,
@@ -98,13 +77,13 @@ CREATE TABLE IF NOT EXISTS collperf_waits (
     ts_ns BIGINT NOT NULL,
     end_ns BIGINT NOT NULL
 );
-COMMENT ON TABLE collperf_waits IS 'Each member''s wait for its last peer as an interval on the member''s OWN clock, for intersection with its timeline (breakdown''s exposed_wait); only waits longer than 0.';
+COMMENT ON TABLE collperf_waits IS 'Each member''s wait for its last peer as an interval on the member''s OWN clock, for intersection with its timeline (breakdown''s exposed_wait): its wait_ns is end_ns - ts_ns; only waits longer than 0 (the last member, collperf_instances.last_rank, waits 0).';
 COMMENT ON COLUMN collperf_waits.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN collperf_waits.instance_id IS 'Instance (collperf_instances.instance_id).';
 COMMENT ON COLUMN collperf_waits.rank IS 'Global rank of the waiting member.';
 COMMENT ON COLUMN collperf_waits.step IS 'Profiler step of its call.';
 COMMENT ON COLUMN collperf_waits.ts_ns IS 'Its own arrival (match_members.arrival_ts_ns), own clock.';
-COMMENT ON COLUMN collperf_waits.end_ns IS 'The last peer''s arrival converted to this rank''s clock: last_arrival_aligned_ns - ranks.clock_offset_ns.';
+COMMENT ON COLUMN collperf_waits.end_ns IS 'The last peer''s arrival converted to this rank''s clock (last_arrival_aligned_ns - ranks.clock_offset_ns = ts_ns + the member''s wait_ns).';
 
 CREATE TABLE IF NOT EXISTS collperf_groups (
     run_id INTEGER NOT NULL,
@@ -146,72 +125,99 @@ COMMENT ON COLUMN collperf_groups.median_busbw_bytes_per_s IS 'Median busbw.';
 COMMENT ON COLUMN collperf_groups.link_peak_bytes_per_s IS 'Peak bandwidth of the link; NULL: no link-bandwidth table yet (never guessed).';
 COMMENT ON COLUMN collperf_groups.busbw_peak_frac IS 'median_busbw_bytes_per_s / link_peak_bytes_per_s; NULL while the peak is unknown.';
 
--- Algorithm: one pass over the members of complete instances; instances with a member on an
--- unaligned clock are dropped whole. The median end is taken as an offset from the earliest end
--- so that no epoch-sized nanosecond count goes through a double.
+-- Algorithm: one GROUP BY over the members of every instance, then only complete ones are kept;
+-- instances with a member on an unaligned clock are dropped whole. Epoch-sized nanosecond counts never go through a double:
+-- sums are HUGEINT and the common end is an integer division. The last arrival and its rank come
+-- from one max over arrival x 2^32 + (2^31 - 1 - rank): the latest arrival, the lowest rank on a tie.
 CREATE OR REPLACE TEMP TABLE _collperf_inst AS
-WITH mem AS (
-    SELECT m.instance_id, m.rank, m.step, m.arrival_aligned_ns, m.end_aligned_ns, r.host,
-        c.out_bytes, min(m.end_aligned_ns) OVER (PARTITION BY m.instance_id) AS min_end_ns
-    FROM match_members m
-    JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
-    JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank
-    LEFT JOIN collectives c ON i.op = 'all_to_all' AND c.run_id = m.run_id AND c.rank = m.rank AND c.call_index = m.call_index
-    WHERE m.run_id = $run_id AND i.status = 'complete' AND i.num_members >= 2
+WITH hosts AS (
+    SELECT rank, host FROM ranks WHERE run_id = $run_id
+), groups AS (
+    SELECT pg_name, any_value(pg_ranks) AS pg_ranks FROM match_instances
+    WHERE run_id = $run_id AND NOT is_p2p AND status = 'complete' GROUP BY pg_name
+), group_hosts AS (
+    -- whether a group spans hosts is a property of its ranks, not of each call
+    SELECT g.pg_name, CASE WHEN count(u.rank) = count(h.host) THEN count(DISTINCT h.host) > 1 END AS spans_hosts
+    FROM groups g
+    JOIN (SELECT pg_name, unnest(pg_ranks) AS rank FROM groups) u USING (pg_name)
+    LEFT JOIN hosts h USING (rank)
+    GROUP BY g.pg_name
 ), agg AS (
+    -- every matched instance: filtering on the instance first would probe each member into a
+    -- table of all instances; the few incomplete ones are dropped after
     SELECT instance_id,
         count(*) AS n, count(arrival_aligned_ns) AS n_aligned, count(end_aligned_ns) AS n_ends,
         min(arrival_aligned_ns) AS first_ns, max(arrival_aligned_ns) AS last_ns,
-        first(rank ORDER BY arrival_aligned_ns DESC, rank) AS last_rank,
-        any_value(min_end_ns) + CAST(round(median(end_aligned_ns - min_end_ns)) AS BIGINT) AS end_ns,
-        CASE WHEN bool_and(host IS NOT NULL) THEN count(DISTINCT host) > 1 END AS spans_hosts,
-        CASE WHEN max(out_bytes) > 0 THEN 1 - avg(out_bytes) / max(out_bytes) END AS imbalance
-    FROM mem GROUP BY instance_id
+        max(CAST(arrival_aligned_ns AS HUGEINT) * 4294967296 + (2147483647 - rank)) AS last_key,
+        sum(arrival_aligned_ns) AS sum_arrival, sum(end_aligned_ns) AS sum_end,
+        min(end_aligned_ns) AS min_end, max(end_aligned_ns) AS max_end
+    FROM match_members WHERE run_id = $run_id
+    GROUP BY instance_id
+), a2a AS (
+    -- bytes each member of an all_to_all receives (its tokens, for MoE)
+    SELECT m.instance_id, CASE WHEN max(c.out_bytes) > 0 THEN 1 - avg(c.out_bytes) / max(c.out_bytes) END AS imbalance
+    FROM match_members m
+    JOIN collectives c ON c.run_id = m.run_id AND c.rank = m.rank AND c.call_index = m.call_index
+    WHERE m.run_id = $run_id AND c.op = 'all_to_all'
+      AND m.instance_id IN (SELECT instance_id FROM match_instances WHERE run_id = $run_id AND op = 'all_to_all')
+    GROUP BY m.instance_id
+), derived AS (
+    SELECT instance_id, n, n_aligned, n_ends, first_ns, last_ns,
+        2147483647 - CAST(last_key - CAST(last_ns AS HUGEINT) * 4294967296 AS BIGINT) AS last_rank,
+        CAST(n * CAST(last_ns AS HUGEINT) - sum_arrival AS BIGINT) AS wait_ns,
+        -- common end: the median for up to 4 members; beyond, the mean without the earliest and latest end
+        CAST(CASE WHEN n_ends = 0 THEN NULL WHEN n_ends <= 2 THEN sum_end // n_ends
+                  ELSE (sum_end - min_end - max_end) // (n_ends - 2) END AS BIGINT) AS end_ns
+    FROM agg
 )
-SELECT i.instance_id, i.op, i.pg_name, i.pg_desc, i.pg_ranks, i.seq, i.is_p2p, i.step, i.num_members, i.bytes, i.timing,
-    a.first_ns, a.last_ns, a.last_rank, a.spans_hosts, a.imbalance,
+SELECT i.instance_id, i.op, i.pg_name, i.seq, i.is_p2p, i.step, i.num_members, i.bytes, i.timing,
+    a.first_ns, a.last_ns, a.last_rank, x.imbalance, a.wait_ns,
+    CASE WHEN i.is_p2p THEN CASE WHEN s.host IS NOT NULL AND d.host IS NOT NULL THEN s.host <> d.host END
+         ELSE g.spans_hosts END AS spans_hosts,
     CASE WHEN a.n_ends = a.n THEN a.end_ns END AS end_ns,
     CASE WHEN a.n_ends = a.n THEN a.end_ns - a.last_ns END AS transfer_ns,
     CASE WHEN i.is_p2p OR i.op IN ('broadcast', 'reduce') THEN 1.0
          WHEN i.op = 'all_reduce' THEN 2.0 * (i.num_members - 1) / i.num_members
          WHEN i.op IN ('all_gather', 'reduce_scatter', 'all_to_all', 'gather', 'scatter')
              THEN (i.num_members - 1) / i.num_members END AS factor
-FROM agg a JOIN match_instances i ON i.run_id = $run_id AND i.instance_id = a.instance_id
-WHERE a.n_aligned = a.n;
+FROM derived a
+JOIN match_instances i ON i.run_id = $run_id AND i.instance_id = a.instance_id
+LEFT JOIN a2a x ON x.instance_id = a.instance_id
+LEFT JOIN group_hosts g ON g.pg_name = i.pg_name AND NOT i.is_p2p
+LEFT JOIN hosts s ON s.rank = i.src_rank
+LEFT JOIN hosts d ON d.rank = i.dst_rank
+WHERE i.status = 'complete' AND i.num_members >= 2 AND a.n_aligned = a.n;
 
 INSERT INTO collperf_instances
-SELECT $run_id, instance_id, op, pg_name, pg_desc, pg_ranks, seq, is_p2p, step, num_members, bytes, timing,
+SELECT $run_id, instance_id, op, pg_name, seq, is_p2p, step, num_members, bytes, timing,
     first_ns, last_ns, last_ns - first_ns, last_rank, end_ns, transfer_ns,
     CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) END,
     factor,
     CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) * factor END,
     spans_hosts, NULL, NULL,
-    CASE WHEN op = 'all_to_all' THEN imbalance END
+    CASE WHEN op = 'all_to_all' THEN imbalance END, wait_ns
 FROM _collperf_inst;
 
-INSERT INTO collperf_members
-SELECT $run_id, m.instance_id, m.rank, m.step, m.arrival_aligned_ns, i.last_ns - m.arrival_aligned_ns,
-    m.rank = i.last_rank
-FROM match_members m JOIN _collperf_inst i USING (instance_id)
-WHERE m.run_id = $run_id;
-
+-- The wait on the member's own clock: from its own arrival for as long as it waited (the
+-- offset cancels: last_arrival_aligned - offset = own arrival + wait).
 INSERT INTO collperf_waits
-SELECT $run_id, m.instance_id, m.rank, m.step, m.arrival_ts_ns, i.last_ns - r.clock_offset_ns
-FROM match_members m
-JOIN _collperf_inst i USING (instance_id)
-JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank
+SELECT $run_id, m.instance_id, m.rank, m.step, m.arrival_ts_ns, m.arrival_ts_ns + (i.last_ns - m.arrival_aligned_ns)
+FROM match_members m JOIN _collperf_inst i USING (instance_id)
 WHERE m.run_id = $run_id AND i.last_ns > m.arrival_aligned_ns;
 
 INSERT INTO collperf_groups
-WITH w AS (
-    SELECT instance_id, sum(wait_ns) AS wait_ns FROM collperf_members WHERE run_id = $run_id GROUP BY instance_id
+WITH g AS (
+    SELECT pg_name, any_value(pg_desc) AS pg_desc, any_value(pg_ranks) AS pg_ranks
+    FROM match_instances WHERE run_id = $run_id AND status = 'complete' GROUP BY pg_name
+), agg AS (
+    SELECT pg_name, op, CASE WHEN bytes > 0 THEN CAST(2 ** floor(log2(bytes)) AS BIGINT) END AS size_bucket_bytes,
+        bool_or(spans_hosts) AS spans_hosts, count(*) AS n, CAST(round(median(bytes)) AS BIGINT) AS bytes,
+        CAST(round(median(skew_ns)) AS BIGINT) AS skew_ns, max(skew_ns) AS max_skew_ns, CAST(sum(wait_ns) AS BIGINT) AS wait_ns,
+        CAST(round(median(transfer_ns)) AS BIGINT) AS transfer_ns, CAST(sum(transfer_ns) AS BIGINT) AS sum_transfer_ns,
+        median(algbw_bytes_per_s) AS algbw, median(busbw_bytes_per_s) AS busbw
+    FROM collperf_instances WHERE run_id = $run_id
+    GROUP BY pg_name, op, size_bucket_bytes
 )
-SELECT $run_id, pg_name, any_value(pg_desc), pg_ranks, op,
-    CASE WHEN bytes > 0 THEN CAST(2 ** floor(log2(bytes)) AS BIGINT) END AS size_bucket_bytes,
-    bool_or(spans_hosts), count(*), CAST(round(median(bytes)) AS BIGINT),
-    CAST(round(median(skew_ns)) AS BIGINT), max(skew_ns), CAST(sum(w.wait_ns) AS BIGINT),
-    CAST(round(median(transfer_ns)) AS BIGINT), CAST(sum(transfer_ns) AS BIGINT),
-    median(algbw_bytes_per_s), median(busbw_bytes_per_s), NULL, NULL
-FROM collperf_instances c JOIN w USING (instance_id)
-WHERE c.run_id = $run_id
-GROUP BY pg_name, pg_ranks, op, size_bucket_bytes;
+SELECT $run_id, a.pg_name, g.pg_desc, g.pg_ranks, a.op, a.size_bucket_bytes, a.spans_hosts, a.n, a.bytes,
+    a.skew_ns, a.max_skew_ns, a.wait_ns, a.transfer_ns, a.sum_transfer_ns, a.algbw, a.busbw, NULL, NULL
+FROM agg a LEFT JOIN g ON g.pg_name IS NOT DISTINCT FROM a.pg_name;

@@ -4,10 +4,10 @@
 -- Reads collectives, steps, ranks; writes match_instances, match_members.
 --
 -- Definitions:
--- * Group identity: (pg_name, pg_ranks). Ranks alone would merge two process groups over the same
---   ranks (Megatron's DP group and DP-with-CP group at cp=1, a gloo twin of an NCCL group): each
---   counts its own sequence numbers, so their calls would collide. pg_name is the same on every rank
---   (torch names groups by a global creation counter).
+-- * Group identity: pg_name, the same on every rank (torch names groups by a global creation
+--   counter); pg_ranks for calls whose group has no name. Ranks alone would merge two process
+--   groups over the same ranks (Megatron's DP group and DP-with-CP group at cp=1, a gloo twin of
+--   an NCCL group), whose calls count separate sequence numbers and would collide.
 -- * A collective instance is (group, seq); a p2p instance is (group, sender, receiver, seq). The
 --   peer of a send/recv is collectives.peer_rank, else the other rank of a two-rank group.
 --   Without seq, the k-th call of the group (of the pair, for p2p) in a step on each rank.
@@ -38,15 +38,14 @@ CREATE TABLE IF NOT EXISTS match_instances (
     reason VARCHAR,
     dtype VARCHAR,
     bytes BIGINT,
-    timing VARCHAR NOT NULL,
-    PRIMARY KEY (run_id, instance_id)
+    timing VARCHAR NOT NULL
 );
 COMMENT ON TABLE match_instances IS 'One row per collective or p2p instance: the calls of its members matched by group and sequence number.';
 COMMENT ON COLUMN match_instances.run_id IS 'Run (runs.run_id).';
-COMMENT ON COLUMN match_instances.instance_id IS 'Instance number within the run (ordered by step, group, sender, receiver, seq).';
-COMMENT ON COLUMN match_instances.op IS 'Canonical op of the collective (collectives.op), p2p for a send/recv pair, or the first member''s op when members disagree.';
+COMMENT ON COLUMN match_instances.instance_id IS 'Instance key within the run: the group (or sender-receiver pair) and sequence number packed into one integer, so each member carries it without a join (ordered by group, then seq).';
+COMMENT ON COLUMN match_instances.op IS 'Canonical op of the collective (collectives.op), p2p for a send/recv pair, or the first in name order when members disagree.';
 COMMENT ON COLUMN match_instances.pg_name IS 'Process group name.';
-COMMENT ON COLUMN match_instances.pg_desc IS 'Process group description (of the first member that traced one).';
+COMMENT ON COLUMN match_instances.pg_desc IS 'Process group description (of a member that traced one).';
 COMMENT ON COLUMN match_instances.pg_ranks IS 'Global ranks of the process group, when traced.';
 COMMENT ON COLUMN match_instances.group_size IS 'Number of ranks in the process group.';
 COMMENT ON COLUMN match_instances.seq IS 'Sequence number the members share (per group; per sender-receiver pair for bprof record p2p); NULL when matched by order within the step.';
@@ -60,7 +59,7 @@ COMMENT ON COLUMN match_instances.missing_ranks IS 'Expected ranks with no match
 COMMENT ON COLUMN match_instances.cut_ranks IS 'Expected ranks with no matching call because the instance lies outside what they traced (outside their steps, or no trace): the instance is cut by the window; empty when none.';
 COMMENT ON COLUMN match_instances.status IS 'complete (every expected rank, once, same op, size and dtype); cut (members missing only because the call lies outside the steps a missing rank traced, or that rank has no trace: left out of everything downstream); mismatch (a member missing within the steps every member traced, or members differing in op, size or dtype, or a rank calling twice); unknown (a send or recv whose peer is not known).';
 COMMENT ON COLUMN match_instances.reason IS 'Why the instance is not complete, in words; NULL when complete.';
-COMMENT ON COLUMN match_instances.dtype IS 'Element type as traced (of the first member that traced one).';
+COMMENT ON COLUMN match_instances.dtype IS 'Element type as traced (of a member that traced one).';
 COMMENT ON COLUMN match_instances.bytes IS 'Message size as nccl-tests counts it: all_gather and gather its output, reduce_scatter and scatter its input, all_reduce, broadcast, reduce and p2p the message, all_to_all the mean bytes a member sends; NULL when not traced (barrier: 0).';
 COMMENT ON COLUMN match_instances.timing IS 'device when every member has device (or gloo worker) timing, else cpu (some arrivals are CPU call starts, and ends are unknown).';
 
@@ -73,8 +72,7 @@ CREATE TABLE IF NOT EXISTS match_members (
     arrival_ts_ns BIGINT,
     end_ts_ns BIGINT,
     arrival_aligned_ns BIGINT,
-    end_aligned_ns BIGINT,
-    PRIMARY KEY (run_id, rank, call_index)
+    end_aligned_ns BIGINT
 );
 COMMENT ON TABLE match_members IS 'One row per call matched into an instance (collectives row of a member).';
 COMMENT ON COLUMN match_members.run_id IS 'Run (runs.run_id).';
@@ -87,80 +85,113 @@ COMMENT ON COLUMN match_members.end_ts_ns IS 'End of its device work (last NCCL 
 COMMENT ON COLUMN match_members.arrival_aligned_ns IS 'arrival_ts_ns + the rank''s clock offset (ranks.clock_offset_ns): on the reference clock; filled by the clock analyzer, NULL while the offset is unknown.';
 COMMENT ON COLUMN match_members.end_aligned_ns IS 'end_ts_ns + the rank''s clock offset; filled by the clock analyzer.';
 
--- Every call with its group identity, match key and expected members.
-CREATE OR REPLACE TEMP TABLE _match_calls AS
-WITH groups AS (
-    SELECT pg_name, pg_ranks, row_number() OVER (ORDER BY pg_name, pg_ranks) AS gid
-    FROM (SELECT DISTINCT pg_name, pg_ranks FROM collectives
-          WHERE run_id = $run_id AND (pg_name IS NOT NULL OR pg_ranks IS NOT NULL))
-), calls AS (
-    SELECT c.rank, c.call_index, c.op, c.is_p2p, c.pg_name, c.pg_desc, c.pg_ranks, c.group_size, c.seq,
-        c.dtype, c.step, c.in_elems, c.out_elems, c.in_bytes, c.out_bytes, g.gid,
-        CASE WHEN c.is_p2p THEN coalesce(c.peer_rank,
-            CASE WHEN len(c.pg_ranks) = 2 AND list_contains(c.pg_ranks, c.rank)
-                 THEN list_filter(c.pg_ranks, lambda r: r <> c.rank)[1] END) END AS peer,
-        coalesce(c.device_ts_ns, c.cpu_ts_ns) AS arrival_ts_ns,
-        c.device_ts_ns + c.device_dur_ns AS end_ts_ns,
-        c.device_ts_ns IS NOT NULL AS on_device
-    FROM collectives c
-    JOIN groups g ON g.pg_name IS NOT DISTINCT FROM c.pg_name AND g.pg_ranks IS NOT DISTINCT FROM c.pg_ranks
-    WHERE c.run_id = $run_id
-), keyed AS (
-    SELECT *,
-        CASE WHEN NOT is_p2p THEN NULL WHEN op = 'send' THEN rank ELSE peer END AS src_rank,
-        CASE WHEN NOT is_p2p THEN NULL WHEN op = 'send' THEN peer ELSE rank END AS dst_rank,
-        CASE WHEN seq IS NULL THEN step END AS key_step,
+-- The groups of the run: identity, expected members, and the pair of a two-rank group.
+CREATE OR REPLACE TEMP TABLE _match_groups AS
+WITH g AS (
+    SELECT pg_name, CASE WHEN pg_name IS NULL THEN pg_ranks END AS unnamed_ranks,
+        any_value(pg_desc) AS pg_desc, any_value(pg_ranks) AS pg_ranks, max(group_size) AS group_size
+    FROM collectives
+    WHERE run_id = $run_id AND (pg_name IS NOT NULL OR pg_ranks IS NOT NULL)
+    GROUP BY ALL
+), seen AS (
+    -- ranks calling on a group whose ranks were not traced: its expected members
+    SELECT pg_name, list(DISTINCT rank ORDER BY rank) AS ranks FROM collectives
+    WHERE run_id = $run_id AND pg_name IN (SELECT pg_name FROM g WHERE pg_ranks IS NULL)
+    GROUP BY pg_name
+), e AS (
+    SELECT g.*, coalesce(list_sort(g.pg_ranks), s.ranks) AS expected FROM g LEFT JOIN seen s USING (pg_name)
+)
+SELECT CAST(row_number() OVER (ORDER BY pg_name NULLS LAST, unnamed_ranks) AS BIGINT) AS gid, *,
+    CASE WHEN len(expected) = 2 THEN expected[1] END AS pair_lo,
+    CASE WHEN len(expected) = 2 THEN expected[2] END AS pair_hi,
+    list_reduce(list_transform(expected, lambda r: hash(r)), lambda a, b: xor(a, b)) AS expected_xor
+FROM e;
+
+-- Every call of run `rid` with its group, sender and receiver (p2p) and match number k: its seq,
+-- or without one 2^35 | step << 16 | the k-th call of the group (pair) in the step on this rank.
+CREATE OR REPLACE TEMP MACRO _match_base(rid) AS TABLE
+WITH c AS (
+    SELECT c.*, g.gid, g.pair_lo, g.pair_hi FROM collectives c JOIN _match_groups g ON g.pg_name = c.pg_name
+    WHERE c.run_id = rid
+    UNION ALL
+    SELECT c.*, g.gid, g.pair_lo, g.pair_hi FROM collectives c JOIN _match_groups g ON g.unnamed_ranks = c.pg_ranks
+    WHERE c.run_id = rid AND c.pg_name IS NULL AND g.pg_name IS NULL
+), k AS (
+    SELECT rank, call_index, op, is_p2p, seq, step, dtype, in_elems, in_bytes, out_bytes, gid,
+        coalesce(device_ts_ns, cpu_ts_ns) AS arrival_ts_ns, device_ts_ns + device_dur_ns AS end_ts_ns,
+        device_ts_ns IS NOT NULL AS on_device,
+        CASE WHEN NOT is_p2p THEN NULL WHEN op = 'send' THEN rank
+             ELSE coalesce(peer_rank, CASE rank WHEN pair_lo THEN pair_hi WHEN pair_hi THEN pair_lo END) END AS src_rank,
+        CASE WHEN NOT is_p2p THEN NULL WHEN op = 'recv' THEN rank
+             ELSE coalesce(peer_rank, CASE rank WHEN pair_lo THEN pair_hi WHEN pair_hi THEN pair_lo END) END AS dst_rank,
         -- the size every member must agree on (NULL: not compared)
         CASE WHEN op IN ('all_reduce', 'broadcast', 'reduce', 'all_gather', 'gather', 'send', 'recv') THEN in_elems
-             WHEN op IN ('reduce_scatter', 'scatter') THEN coalesce(out_elems, in_elems) END AS cmp_elems,
-        CASE lower(regexp_replace(dtype, '^c10::', ''))
-            WHEN 'float32' THEN 'float' WHEN 'f32' THEN 'float' WHEN 'float16' THEN 'half' WHEN 'f16' THEN 'half'
-            WHEN 'bf16' THEN 'bfloat16' WHEN 'float64' THEN 'double' WHEN 'f64' THEN 'double'
-            WHEN 'int64' THEN 'long' WHEN 'i64' THEN 'long' WHEN 'int32' THEN 'int' WHEN 'i32' THEN 'int'
-            WHEN 'uint8' THEN 'byte' WHEN 'u8' THEN 'byte' WHEN 'int8' THEN 'char' WHEN 'i8' THEN 'char'
-            ELSE lower(regexp_replace(dtype, '^c10::', '')) END AS cmp_dtype
-    FROM calls
+             WHEN op IN ('reduce_scatter', 'scatter') THEN coalesce(out_elems, in_elems) END AS cmp_elems
+    FROM c
 )
-SELECT *, NULL::BIGINT AS ordinal FROM keyed WHERE seq IS NOT NULL
+SELECT *, seq AS k FROM k WHERE seq IS NOT NULL
 UNION ALL
--- without seq: the k-th call of the group (of the pair) in the step
-SELECT *, row_number() OVER (PARTITION BY rank, gid, src_rank, dst_rank, step ORDER BY call_index) AS ordinal
-FROM keyed WHERE seq IS NULL;
+SELECT *, (1::BIGINT << 35) | ((coalesce(step, 524287) & 524287) << 16)
+          | row_number() OVER (PARTITION BY rank, gid, src_rank, dst_rank, step ORDER BY call_index) AS k
+FROM k WHERE seq IS NULL;
 
--- Algorithm: one GROUP BY over the match key gives each instance its members and whether they
--- agree; instance ids follow (step, group, sender, receiver, seq).
+CREATE OR REPLACE TEMP TABLE _match_pairs AS
+SELECT CAST(row_number() OVER (ORDER BY gid, src_rank, dst_rank) AS BIGINT) AS pair_id, gid, src_rank, dst_rank
+FROM (SELECT DISTINCT gid, src_rank, dst_rank FROM _match_base($run_id) WHERE is_p2p);
+
+-- instance_id packs the match key into one BIGINT, so that a call finds its instance without a
+-- join: collectives gid << 36 | k, p2p 2^62 | pair << 36 | k (each below 2^26, k below 2^36).
+CREATE OR REPLACE TEMP MACRO _match_calls(rid) AS TABLE
+SELECT b.*,
+    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
+         THEN error('match: a sequence number, group or pair count beyond the instance key''s range')
+         WHEN b.is_p2p THEN (1::BIGINT << 62) | (p.pair_id << 36) | b.k
+         ELSE (b.gid << 36) | b.k END AS instance_id
+FROM _match_base(rid) b
+LEFT JOIN _match_pairs p ON b.is_p2p AND p.gid = b.gid
+     AND p.src_rank IS NOT DISTINCT FROM b.src_rank AND p.dst_rank IS NOT DISTINCT FROM b.dst_rank;
+
+-- Algorithm: one GROUP BY instance_id. An instance is complete when it has as many calls as
+-- expected members, the hashes of their ranks xor to the expected members' (so no rank is missing
+-- or doubled, up to a 64-bit hash collision), and one signature (op, compared size, dtype) covers
+-- them all. Only the others are examined call by call.
 CREATE OR REPLACE TEMP TABLE _match_inst AS
-WITH seen AS (
-    -- ranks calling on each group: the expected members when pg_ranks is unknown
-    SELECT gid, list(DISTINCT rank ORDER BY rank) AS ranks FROM _match_calls GROUP BY gid
-), agg AS (
-    SELECT gid, is_p2p, src_rank, dst_rank, seq, key_step, ordinal,
-        count(*) AS num_members, count(DISTINCT rank) AS num_ranks,
-        list(DISTINCT rank ORDER BY rank) AS present,
-        min(step) AS step, max(step) AS max_step, bool_or(step IS NULL) AS any_null_step,
-        first(op ORDER BY rank, call_index) AS first_op, count(DISTINCT op) AS num_ops,
-        list(DISTINCT op ORDER BY op) AS ops,
-        count(DISTINCT cmp_dtype) AS num_dtypes, list(DISTINCT dtype ORDER BY dtype) FILTER (WHERE dtype IS NOT NULL) AS dtypes,
-        count(DISTINCT cmp_elems) AS num_sizes, list(DISTINCT cmp_elems ORDER BY cmp_elems) FILTER (WHERE cmp_elems IS NOT NULL) AS sizes,
-        first(pg_name) AS pg_name, first(pg_desc ORDER BY pg_desc IS NULL, rank) AS pg_desc,
-        first(pg_ranks) AS pg_ranks, max(group_size) AS group_size,
-        first(dtype ORDER BY dtype IS NULL, rank) AS dtype,
-        max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes, avg(in_bytes) AS mean_in_bytes,
-        bool_and(on_device) AS on_device
-    FROM _match_calls
-    GROUP BY gid, is_p2p, src_rank, dst_rank, seq, key_step, ordinal
+WITH agg AS (
+    SELECT instance_id, any_value(gid) AS gid, any_value(is_p2p) AS is_p2p,
+        any_value(src_rank) AS src_rank, any_value(dst_rank) AS dst_rank, any_value(seq) AS seq,
+        count(*) AS num_members, min(step) AS step, max(step) AS max_step, count(step) < count(*) AS any_null_step,
+        any_value(op) AS op, min(sig) <> max(sig) AS differ, bit_xor(hash(rank)) AS ranks_xor,
+        any_value(dtype) AS dtype, max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes,
+        avg(in_bytes) AS mean_in_bytes, bool_and(on_device) AS on_device
+    FROM (SELECT *, hash(CASE WHEN is_p2p THEN 'p2p' ELSE op END, cmp_elems, dtype) AS sig FROM _match_calls($run_id))
+    GROUP BY instance_id
 ), expected AS (
     SELECT a.*,
         CASE WHEN a.is_p2p THEN CASE WHEN a.src_rank IS NOT NULL AND a.dst_rank IS NOT NULL
                                      THEN list_distinct([a.src_rank, a.dst_rank]) END
-             ELSE coalesce(list_sort(a.pg_ranks), s.ranks) END AS expected
-    FROM agg a JOIN seen s USING (gid)
+             ELSE g.expected END AS expected_ranks,
+        CASE WHEN a.is_p2p THEN xor(hash(a.src_rank), hash(a.dst_rank)) ELSE g.expected_xor END AS expected_xor
+    FROM agg a JOIN _match_groups g USING (gid)
 )
-SELECT row_number() OVER (ORDER BY step NULLS FIRST, gid, src_rank, dst_rank, seq, key_step, ordinal) AS instance_id,
-    *,
-    coalesce(list_filter(expected, lambda r: NOT list_contains(present, r)), []) AS missing,
-    coalesce(list_filter(present, lambda r: NOT list_contains(expected, r)), []) AS extra
+SELECT * EXCLUDE (expected_ranks, expected_xor), expected_ranks AS expected,
+    coalesce(NOT differ AND num_members = len(expected_ranks) AND ranks_xor = expected_xor, false) AS complete
 FROM expected;
+
+-- The instances that are not complete, call by call: who is there, and what they disagree on.
+CREATE OR REPLACE TEMP TABLE _match_odd AS
+SELECT instance_id, list(rank ORDER BY rank) AS present, count(DISTINCT rank) AS num_ranks,
+    list(DISTINCT op ORDER BY op) AS ops,
+    list(DISTINCT cmp_elems ORDER BY cmp_elems) FILTER (WHERE cmp_elems IS NOT NULL) AS sizes,
+    count(DISTINCT CASE lower(regexp_replace(dtype, '^c10::', ''))
+        WHEN 'float32' THEN 'float' WHEN 'f32' THEN 'float' WHEN 'float16' THEN 'half' WHEN 'f16' THEN 'half'
+        WHEN 'bf16' THEN 'bfloat16' WHEN 'float64' THEN 'double' WHEN 'f64' THEN 'double'
+        WHEN 'int64' THEN 'long' WHEN 'i64' THEN 'long' WHEN 'int32' THEN 'int' WHEN 'i32' THEN 'int'
+        WHEN 'uint8' THEN 'byte' WHEN 'u8' THEN 'byte' WHEN 'int8' THEN 'char' WHEN 'i8' THEN 'char'
+        ELSE lower(regexp_replace(dtype, '^c10::', '')) END) AS num_dtypes,
+    list(DISTINCT dtype ORDER BY dtype) FILTER (WHERE dtype IS NOT NULL) AS dtypes
+FROM _match_calls($run_id)
+WHERE instance_id IN (SELECT instance_id FROM _match_inst WHERE NOT complete)
+GROUP BY instance_id;
 
 -- Algorithm: a missing member is excused (the instance is cut, not mismatched) when its rank has
 -- no trace, or its traced steps do not cover the instance's steps (ranks whose windows cover
@@ -171,13 +202,15 @@ WITH windows AS (
     SELECT r.rank, min(s.step) AS first_step, max(s.step) AS last_step
     FROM ranks r LEFT JOIN steps s ON s.run_id = r.run_id AND s.rank = r.rank
     WHERE r.run_id = $run_id GROUP BY r.rank
-), seqs AS (
-    SELECT rank, gid, src_rank, dst_rank, min(seq) AS min_seq, max(seq) AS max_seq
-    FROM _match_calls GROUP BY ALL
 ), m AS (
     SELECT i.instance_id, i.gid, i.src_rank, i.dst_rank, i.seq, i.step, i.max_step, i.any_null_step,
-        unnest(i.missing) AS rank
-    FROM _match_inst i WHERE len(i.missing) > 0
+        unnest(list_filter(i.expected, lambda r: NOT list_contains(o.present, r))) AS rank
+    FROM _match_inst i JOIN _match_odd o USING (instance_id)
+), seqs AS (
+    -- only ranks without steps need their traced seq range
+    SELECT rank, gid, src_rank, dst_rank, min(seq) AS min_seq, max(seq) AS max_seq
+    FROM _match_calls($run_id)
+    WHERE rank IN (SELECT rank FROM windows WHERE first_step IS NULL) GROUP BY ALL
 )
 SELECT m.instance_id, m.rank,
     CASE WHEN w.rank IS NULL THEN 'no trace'
@@ -199,48 +232,46 @@ WITH missing AS (
         string_agg(format('rank {} {}', rank, excuse), ', ' ORDER BY rank) FILTER (WHERE excuse IS NOT NULL) AS excused
     FROM _match_missing GROUP BY instance_id
 ), judged AS (
-    SELECT i.*, coalesce(m.missing_in_window, []) AS missing_in_window, coalesce(m.cut, []) AS cut, m.excused
-    FROM _match_inst i LEFT JOIN missing m USING (instance_id)
+    SELECT i.*, o.instance_id IS NOT NULL AS odd, o.present, o.num_ranks, o.ops, o.sizes, o.num_dtypes, o.dtypes,
+        coalesce(m.missing_in_window, []) AS missing_in_window, coalesce(m.cut, []) AS cut, m.excused,
+        coalesce(list_filter(o.present, lambda r: NOT list_contains(i.expected, r)), []) AS extra,
+        i.is_p2p AND (i.src_rank IS NULL OR i.dst_rank IS NULL) AS peer_unknown
+    FROM _match_inst i LEFT JOIN _match_odd o USING (instance_id) LEFT JOIN missing m USING (instance_id)
 ), problems AS (
     SELECT *,
         concat_ws('; ',
-            CASE WHEN is_p2p AND (src_rank IS NULL OR dst_rank IS NULL) THEN 'peer of the send/recv unknown' END,
+            CASE WHEN peer_unknown THEN 'peer of the send/recv unknown' END,
             CASE WHEN len(missing_in_window) > 0
                  THEN format('ranks {} missing within the steps every member traced', missing_in_window) END,
             CASE WHEN num_members > num_ranks THEN 'a rank called twice' END,
             CASE WHEN len(extra) > 0 THEN format('ranks {} are not in the group', extra) END,
-            CASE WHEN num_ops > 1 AND NOT is_p2p THEN format('different ops {}', ops) END,
-            CASE WHEN num_sizes > 1 THEN format('different sizes {} elements', sizes) END,
+            CASE WHEN len(ops) > 1 AND NOT is_p2p THEN format('different ops {}', ops) END,
+            CASE WHEN len(sizes) > 1 THEN format('different sizes {} elements', sizes) END,
             CASE WHEN num_dtypes > 1 THEN format('different dtypes {}', dtypes) END,
             CASE WHEN excused IS NOT NULL THEN format('cut by the trace window: {}', excused) END) AS why,
-        is_p2p AND (src_rank IS NULL OR dst_rank IS NULL) AS peer_unknown,
-        len(missing_in_window) > 0 OR num_members > num_ranks OR len(extra) > 0 OR (num_ops > 1 AND NOT is_p2p)
-            OR num_sizes > 1 OR num_dtypes > 1 AS mismatched
+        odd AND (len(missing_in_window) > 0 OR num_members > num_ranks OR len(extra) > 0
+                 OR (len(ops) > 1 AND NOT is_p2p) OR len(sizes) > 1 OR num_dtypes > 1) AS mismatched
     FROM judged
 )
-SELECT $run_id, instance_id,
-    CASE WHEN is_p2p THEN 'p2p' ELSE first_op END,
-    pg_name, pg_desc, pg_ranks, group_size, seq, src_rank, dst_rank, step, is_p2p,
-    num_members, len(expected), missing_in_window, cut,
-    CASE WHEN peer_unknown THEN 'unknown' WHEN mismatched THEN 'mismatch'
-         WHEN len(missing) > 0 THEN 'cut' ELSE 'complete' END,
-    nullif(why, ''), dtype,
-    CAST(CASE WHEN is_p2p THEN in_bytes
-         ELSE CASE first_op
-             WHEN 'all_gather' THEN coalesce(out_bytes, in_bytes * len(expected))
-             WHEN 'gather' THEN coalesce(out_bytes, in_bytes * len(expected))
-             WHEN 'reduce_scatter' THEN coalesce(in_bytes, out_bytes * len(expected))
-             WHEN 'scatter' THEN coalesce(in_bytes, out_bytes * len(expected))
-             WHEN 'all_to_all' THEN round(mean_in_bytes)
+SELECT $run_id, p.instance_id,
+    CASE WHEN p.is_p2p THEN 'p2p' WHEN p.odd THEN p.ops[1] ELSE p.op END,
+    g.pg_name, g.pg_desc, g.pg_ranks, g.group_size, p.seq, p.src_rank, p.dst_rank, p.step, p.is_p2p,
+    p.num_members, len(p.expected), p.missing_in_window, p.cut,
+    CASE WHEN NOT p.odd THEN 'complete' WHEN p.peer_unknown THEN 'unknown' WHEN p.mismatched THEN 'mismatch'
+         WHEN len(p.cut) > 0 THEN 'cut' ELSE 'complete' END,
+    nullif(p.why, ''), p.dtype,
+    CAST(CASE WHEN p.is_p2p THEN p.in_bytes
+         ELSE CASE p.op
+             WHEN 'all_gather' THEN coalesce(p.out_bytes, p.in_bytes * len(p.expected))
+             WHEN 'gather' THEN coalesce(p.out_bytes, p.in_bytes * len(p.expected))
+             WHEN 'reduce_scatter' THEN coalesce(p.in_bytes, p.out_bytes * len(p.expected))
+             WHEN 'scatter' THEN coalesce(p.in_bytes, p.out_bytes * len(p.expected))
+             WHEN 'all_to_all' THEN round(p.mean_in_bytes)
              WHEN 'barrier' THEN 0
-             ELSE coalesce(in_bytes, out_bytes) END END AS BIGINT),
-    CASE WHEN on_device THEN 'device' ELSE 'cpu' END
-FROM problems;
+             ELSE coalesce(p.in_bytes, p.out_bytes) END END AS BIGINT),
+    CASE WHEN p.on_device THEN 'device' ELSE 'cpu' END
+FROM problems p JOIN _match_groups g USING (gid);
 
 INSERT INTO match_members
-SELECT $run_id, i.instance_id, c.rank, c.call_index, c.step, c.arrival_ts_ns, c.end_ts_ns, NULL, NULL
-FROM _match_calls c
-JOIN _match_inst i ON i.gid = c.gid AND i.is_p2p = c.is_p2p
-     AND i.src_rank IS NOT DISTINCT FROM c.src_rank AND i.dst_rank IS NOT DISTINCT FROM c.dst_rank
-     AND i.seq IS NOT DISTINCT FROM c.seq AND i.ordinal IS NOT DISTINCT FROM c.ordinal
-     AND i.key_step IS NOT DISTINCT FROM c.key_step;
+SELECT $run_id, instance_id, rank, call_index, step, arrival_ts_ns, end_ts_ns, NULL, NULL
+FROM _match_calls($run_id);

@@ -27,7 +27,7 @@ def test_skew_waits_transfer_and_bandwidth_of_one_all_reduce_are_exact(tmp_path,
         {"rank": r, "op": "all_reduce", "pg_ranks": ranks3, "seq": 1, "step": 1, "in_elems": 250_000,
          "arrival": a, "end": e} for r, a, e in ((0, 100, 1000), (1, 150, 1010), (2, 400, 990))])
     crossrank(con, run_id, monkeypatch, CROSSRANK)
-    [i] = rows(con, "SELECT * EXCLUDE (run_id, pg_desc, pg_ranks) FROM collperf_instances")
+    [i] = rows(con, "SELECT * EXCLUDE (run_id) FROM collperf_instances")
     assert (i["op"], i["step"], i["num_members"], i["bytes"], i["timing"], i["first_arrival_aligned_ns"],
             i["last_arrival_aligned_ns"], i["skew_ns"], i["last_rank"], i["end_aligned_ns"], i["transfer_ns"]) \
         == ("all_reduce", 1, 3, 1_000_000, "device", 100, 400, 300, 2, 1000, 600)
@@ -35,8 +35,7 @@ def test_skew_waits_transfer_and_bandwidth_of_one_all_reduce_are_exact(tmp_path,
     assert i["busbw_factor"] == pytest.approx(4 / 3)  # nccl-tests all_reduce: 2(n-1)/n
     assert i["busbw_bytes_per_s"] == pytest.approx(1e6 / 600e-9 * 4 / 3)
     assert (i["spans_hosts"], i["link_peak_bytes_per_s"], i["busbw_peak_frac"]) == (False, None, None)
-    assert [tuple(r.values()) for r in rows(con, "SELECT rank, step, arrival_aligned_ns, wait_ns, is_last FROM collperf_members ORDER BY rank")] \
-        == [(0, 1, 100, 300, False), (1, 1, 150, 250, False), (2, 1, 400, 0, True)]
+    assert i["wait_ns"] == 300 + 250  # rank 2 arrived last and waits 0
     assert [tuple(r.values()) for r in rows(con, "SELECT rank, step, ts_ns, end_ns FROM collperf_waits ORDER BY rank")] \
         == [(0, 1, 100, 400), (1, 1, 150, 400)]
 
@@ -89,10 +88,10 @@ def test_groups_aggregate_by_op_and_power_of_two_size(tmp_path, monkeypatch):
     add_calls(con, run_id, calls)
     crossrank(con, run_id, monkeypatch, CROSSRANK)
     got = [tuple(r.values()) for r in rows(con, """
-        SELECT op, size_bucket_bytes, spans_hosts, num_instances, median_bytes, median_skew_ns, max_skew_ns, wait_ns,
-               median_transfer_ns, transfer_ns FROM collperf_groups ORDER BY size_bucket_bytes""")]
-    assert got == [("all_reduce", 32, False, 1, 40, 50, 50, 50, 10, 10),
-                   ("all_reduce", 524_288, False, 2, 900_000, 200, 300, 400, 2000, 4000)]
+        SELECT pg_name, pg_desc, pg_ranks, op, size_bucket_bytes, spans_hosts, num_instances, median_bytes, median_skew_ns,
+               max_skew_ns, wait_ns, median_transfer_ns, transfer_ns FROM collperf_groups ORDER BY size_bucket_bytes""")]
+    assert got == [("0", "default_pg", [0, 1], "all_reduce", 32, False, 1, 40, 50, 50, 50, 10, 10),
+                   ("0", "default_pg", [0, 1], "all_reduce", 524_288, False, 2, 900_000, 200, 300, 400, 2000, 4000)]
 
 
 def test_uneven_all_to_all_is_an_expert_imbalance_finding(tmp_path, monkeypatch):
@@ -122,8 +121,8 @@ def test_every_crossrank_table_documents_itself_and_keeps_ns_as_bigint(tmp_path,
     tables = {t for (t,) in con.execute("""SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND
                                            regexp_matches(table_name, '^(match|clock|collperf)_')""").fetchall()}
     ours = set(match.TABLES + clock.TABLES + collperf.TABLES)
-    assert ours == {"match_instances", "match_members", "clock_hosts", "collperf_instances", "collperf_members",
-                    "collperf_waits", "collperf_groups"} and ours <= tables
+    assert ours == {"match_instances", "match_members", "clock_hosts", "collperf_instances", "collperf_waits",
+                    "collperf_groups"} and ours <= tables
     undocumented = con.execute("""
         SELECT table_name || coalesce('.' || column_name, '') FROM (
             SELECT table_name, NULL AS column_name, comment FROM duckdb_tables() WHERE NOT temporary
@@ -158,13 +157,14 @@ def synthetic(tmp_path_factory):
 
 
 def _by_truth_key(con, run_id):
-    """collperf rows keyed like truth.json's collectives: (pg_name, seq, src, dst)."""
+    """collperf rows keyed like truth.json's collectives: (pg_name, seq, src, dst); waits by (instance, rank),
+    absent for a member that waited 0."""
     inst = {}
     for row in rows(con, """SELECT c.*, i.src_rank, i.dst_rank FROM collperf_instances c
                             JOIN match_instances i USING (run_id, instance_id) WHERE c.run_id = ?""", run_id):
         inst[(row["pg_name"], row["seq"], row["src_rank"], row["dst_rank"])] = row
     waits = {(i, r): w for i, r, w in con.execute(
-        "SELECT instance_id, rank, wait_ns FROM collperf_members WHERE run_id = ?", [run_id]).fetchall()}
+        "SELECT instance_id, rank, end_ns - ts_ns FROM collperf_waits WHERE run_id = ?", [run_id]).fetchall()}
     return inst, waits
 
 
@@ -179,7 +179,7 @@ def test_waits_and_transfer_times_match_the_planted_ones(synthetic):
         assert last == c["last_arrival_ns"]
         # the planted common end: members end at last arrival + transfer, each with its own jitter
         transfer_err.append(got["transfer_ns"] - (statistics.median(m["end_ns"] for m in c["members"]) - last))
-        wait_err += [waits[(got["instance_id"], m["rank"])] - (last - m["arrival_ns"]) for m in c["members"]]
+        wait_err += [waits.get((got["instance_id"], m["rank"]), 0) - (last - m["arrival_ns"]) for m in c["members"]]
     assert max(map(abs, transfer_err)) <= TOLERANCE_NS and max(map(abs, wait_err)) <= TOLERANCE_NS
     # and the transfer is the planted one, up to the planted end jitter
     assert all(abs(inst[(c["pg_name"], c["members"][0]["seq"], c.get("src"), c.get("dst"))]["transfer_ns"] - c["transfer_ns"])

@@ -57,7 +57,8 @@ def crossrank(con, run_id, monkeypatch, analyzers=("match",)):
 
 
 def _instances(con, run_id):
-    return [(r["instance_id"], r["op"], r["seq"], r["src_rank"], r["dst_rank"], r["step"], r["num_members"],
+    """Instances in instance_id order (by group, then seq), without the packed id itself."""
+    return [(r["op"], r["seq"], r["src_rank"], r["dst_rank"], r["step"], r["num_members"],
              r["status"], r["missing_ranks"], r["cut_ranks"]) for r in rows(con, """
         SELECT * FROM match_instances WHERE run_id = ? ORDER BY instance_id""", run_id)]
 
@@ -76,13 +77,14 @@ def test_members_of_each_seq_make_one_instance_with_own_and_no_aligned_times(tmp
         {"rank": 1, "op": "all_reduce", "seq": 8, "step": 1, "cpu_ts_ns": 390},  # no device work: CPU arrival, no end
     ])
     crossrank(con, run_id, monkeypatch)
-    assert _instances(con, run_id) == [(1, "all_reduce", 7, None, None, 1, 2, "complete", [], []),
-                                       (2, "all_reduce", 8, None, None, 1, 2, "complete", [], [])]
+    assert _instances(con, run_id) == [("all_reduce", 7, None, None, 1, 2, "complete", [], []),
+                                       ("all_reduce", 8, None, None, 1, 2, "complete", [], [])]
     assert [(r["bytes"], r["timing"], r["reason"]) for r in rows(con, "SELECT * FROM match_instances ORDER BY instance_id")] \
         == [(1024, "device", None), (1024, "cpu", None)]
-    assert [tuple(r.values()) for r in rows(con, "SELECT * EXCLUDE (run_id) FROM match_members ORDER BY instance_id, rank")] \
-        == [(1, 0, 0, 1, 100, 300, None, None), (1, 1, 0, 1, 200, 301, None, None),
-            (2, 0, 1, 1, 400, 500, None, None), (2, 1, 1, 1, 390, None, None, None)]
+    assert [tuple(r.values()) for r in rows(con, """SELECT i.seq, m.* EXCLUDE (run_id, instance_id) FROM match_members m
+                                                    JOIN match_instances i USING (run_id, instance_id) ORDER BY seq, rank""")] \
+        == [(7, 0, 0, 1, 100, 300, None, None), (7, 1, 0, 1, 200, 301, None, None),
+            (8, 0, 1, 1, 400, 500, None, None), (8, 1, 1, 1, 390, None, None, None)]
     assert _findings(con, run_id) == []
 
 
@@ -99,10 +101,10 @@ def test_calls_outside_a_members_traced_steps_are_cut_not_mismatched(tmp_path, m
     ])
     crossrank(con, run_id, monkeypatch)
     assert _instances(con, run_id) == [
-        (1, "all_reduce", 4, None, None, None, 1, "cut", [], [0]),
-        (2, "all_reduce", 1, None, None, 1, 1, "cut", [], [1]),
-        (3, "all_reduce", 2, None, None, 2, 2, "complete", [], []),
-        (4, "all_reduce", 3, None, None, 3, 1, "cut", [], [0]),
+        ("all_reduce", 1, None, None, 1, 1, "cut", [], [1]),
+        ("all_reduce", 2, None, None, 2, 2, "complete", [], []),
+        ("all_reduce", 3, None, None, 3, 1, "cut", [], [0]),
+        ("all_reduce", 4, None, None, None, 1, "cut", [], [0]),
     ]
     assert rows(con, "SELECT reason FROM match_instances WHERE seq = 1")[0]["reason"] \
         == "cut by the trace window: rank 1 outside its traced steps"
@@ -118,9 +120,9 @@ def test_a_member_missing_within_the_common_window_is_a_critical_finding(tmp_pat
                "in_elems": 64 if r == 1 else 32} for r in ranks3]  # rank 1 broadcasts another size
     add_calls(con, run_id, calls)
     crossrank(con, run_id, monkeypatch)
-    assert _instances(con, run_id) == [(1, "all_reduce", 1, None, None, 1, 3, "complete", [], []),
-                                       (2, "all_reduce", 2, None, None, 2, 2, "mismatch", [2], []),
-                                       (3, "broadcast", 3, None, None, 2, 3, "mismatch", [], [])]
+    assert _instances(con, run_id) == [("all_reduce", 1, None, None, 1, 3, "complete", [], []),
+                                       ("all_reduce", 2, None, None, 2, 2, "mismatch", [2], []),
+                                       ("broadcast", 3, None, None, 2, 3, "mismatch", [], [])]
     reasons = [r["reason"] for r in rows(con, "SELECT reason FROM match_instances WHERE status = 'mismatch' ORDER BY instance_id")]
     assert reasons == ["ranks [2] missing within the steps every member traced", "different sizes [32, 64] elements"]
     [missing, sizes] = _findings(con, run_id)
@@ -145,18 +147,22 @@ def test_p2p_pairs_by_sender_receiver_and_seq_or_by_order_within_the_step(tmp_pa
         {"rank": 3, "op": "recv", "pg_name": "4", "pg_ranks": [2, 3], "step": 1, "arrival": 90},
         {"rank": 3, "op": "recv", "pg_name": "4", "pg_ranks": [2, 3], "step": 1, "arrival": 210},
         {"rank": 3, "op": "send", "pg_name": "4", "pg_ranks": [2, 3], "step": 1, "arrival": 300},  # nobody receives it
+        # a 4-rank group without peer_rank: the receiver cannot be known
+        {"rank": 1, "op": "send", "pg_name": "8", "pg_ranks": [0, 1, 2, 3], "seq": 5, "step": 1, "arrival": 400},
     ])
     crossrank(con, run_id, monkeypatch)
     assert _instances(con, run_id) == [
-        (1, "p2p", None, 2, 3, 1, 2, "complete", [], []),
-        (2, "p2p", None, 2, 3, 1, 2, "complete", [], []),
-        (3, "p2p", None, 3, 2, 1, 1, "mismatch", [2], []),
-        (4, "p2p", 0, 0, 1, 1, 2, "complete", [], []),
-        (5, "p2p", 0, 0, 2, 1, 2, "complete", [], []),
+        ("p2p", None, 2, 3, 1, 2, "complete", [], []),
+        ("p2p", None, 2, 3, 1, 2, "complete", [], []),
+        ("p2p", None, 3, 2, 1, 1, "mismatch", [2], []),
+        ("p2p", 5, 1, None, 1, 1, "unknown", [], []),
+        ("p2p", 0, 0, 1, 1, 2, "complete", [], []),
+        ("p2p", 0, 0, 2, 1, 2, "complete", [], []),
     ]
-    pairs = [(r["instance_id"], r["rank"], r["arrival_ts_ns"]) for r in rows(
-        con, "SELECT * FROM match_members WHERE instance_id <= 2 ORDER BY instance_id, rank")]
-    assert pairs == [(1, 2, 100), (1, 3, 90), (2, 2, 200), (2, 3, 210)]
+    pairs = [(r["rank"], r["arrival_ts_ns"]) for r in rows(con, """
+        SELECT m.* FROM match_members m JOIN match_instances i USING (run_id, instance_id)
+        WHERE i.pg_name = '4' AND i.src_rank = 2 ORDER BY instance_id, rank""")]
+    assert pairs == [(2, 100), (3, 90), (2, 200), (3, 210)]  # the k-th send with the k-th receive
     [(severity, title, evidence)] = _findings(con, run_id)
     assert severity == "critical" and (evidence["src_rank"], evidence["dst_rank"], evidence["ranks"]) == (3, 2, [2])
 
@@ -199,7 +205,7 @@ def test_a_traceless_rank_cuts_and_calls_without_group_are_not_measurable(tmp_pa
                             for r in range(2)])
     add_calls(con, run_id, [{"rank": 0, "op": "all_reduce", "pg_name": None, "pg_ranks": None, "step": 1, "arrival": 9}])
     crossrank(con, run_id, monkeypatch)
-    assert _instances(con, run_id) == [(1, "all_reduce", 1, None, None, 1, 2, "cut", [], [2])]
+    assert _instances(con, run_id) == [("all_reduce", 1, None, None, 1, 2, "cut", [], [2])]
     [(severity, title, _)] = _findings(con, run_id)
     assert severity == "not_measurable" and title.startswith("1 collective calls have no process group")
 
