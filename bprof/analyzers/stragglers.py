@@ -4,8 +4,9 @@ Evidence per rank comes from stragglers.sql (arrivals last, wait imposed, comput
 link evidence). The cost is counterfactual: each candidate's work between collectives is replaced
 by the median of the ranks that play the same role in the step (the same sequence of collectives), the step is replayed from the matched
 collectives (bprof.analyzers.counterfactual), and `lost_ns` is how much shorter the job's step
-gets (median over steps). A rank is flagged only when lost_ns >= max(2% of the median step,
-3 x the median absolute deviation of the step time).
+gets (median over steps, and 0 unless every step gains at least half of that median). A rank is
+flagged only when lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the
+step time).
 Reads match_*, collperf_instances, breakdown_steps, timeline_spans, ranks; writes stragglers_ranks.
 """
 
@@ -113,8 +114,17 @@ def _lost(graphs: dict[int, StepGraph], roles: dict[int, list[str]], ranks: set[
                 new_work[i] = int(statistics.median(work[occurrence[q][key]] for q in peers))
             new_tail[span_index[r]] = int(statistics.median(tail_of[q] for q in peers))
         gains.append(replay(g).step_ns - replay(g, new_work, new_tail).step_ns)
-    # a rank whose peers work more than it does gains nothing from working like them
-    return max(0, int(statistics.median(gains)))
+    return _summarise(gains)
+
+
+def _summarise(gains: list[int]) -> int:
+    """The median gain over steps - or 0 when some step gains less than half of it: a real straggler
+    costs in every step, while contention on a shared machine hits one step and not the next.
+    A rank whose peers work more than it does gains nothing from working like them (never < 0)."""
+    median = statistics.median(gains)
+    if median <= 0 or min(gains) < median / 2:
+        return 0
+    return int(median)
 
 
 def _medians(stats: dict) -> dict[str, float]:
@@ -234,7 +244,7 @@ def _link_findings(con, run_id: int, graphs: dict[int, StepGraph], threshold: fl
             touched = np.array([g.instance_ids[k] in slowed for k in g.instance.tolist()], dtype=bool)
             faster[touched] = (exits[touched] / ratio).astype(np.int64)
             gains.append(replay(g).step_ns - replay(g, exit_after_ns=faster).step_ns)
-        link_lost = max(0, int(statistics.median(gains)))
+        link_lost = _summarise(gains)
         if link_lost >= threshold:
             out.append(Finding(
                 severity_for(link_lost, median_step),

@@ -25,8 +25,8 @@ def _analyze(tmp_path) -> dict:
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["plain", "recompute"])
 def test_hfu_over_mfu_follows_the_recompute_share(tmp_path, recompute):
-    args = ["--tp", "1", "--dp", "2", "--steps", "5", "--layers", "2"] + (["--recompute"] if recompute else [])
-    done = record(tmp_path, "--steps", "2:4", "--name", "flops", nproc=2, script=TRAINER, script_args=args)
+    args = ["--tp", "1", "--dp", "2", "--steps", "8", "--layers", "2"] + (["--recompute"] if recompute else [])
+    done = record(tmp_path, "--steps", "3:7", "--name", "flops", nproc=2, script=TRAINER, script_args=args)
     assert done.returncode == 0, done.stderr[-3000:]
     out = _analyze(tmp_path)
     m = {k: v["value"] for k, v in out["metrics"].items()}
@@ -46,7 +46,10 @@ def test_hfu_over_mfu_follows_the_recompute_share(tmp_path, recompute):
 
 def _no_finding_claims_more_than_noise(tmp_path, out: dict) -> None:
     """An unmodified run: every cost claimed, except communication that is really exposed (this trainer
-    all-reduces gradients after the backward), stays within the run's own step-to-step noise."""
+    all-reduces gradients after the backward) and a straggler, stays within the run's own step-to-step
+    noise. Two ranks sharing this 2-core machine are not always equal: in 1 of 3 unmodified runs one
+    rank computed 20-25 % more in every step (contention), and bprof rightly calls it a straggler; so a
+    straggler claim must be backed by that rank's measured extra compute, not by noise."""
     import duckdb
 
     con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
@@ -55,9 +58,15 @@ def _no_finding_claims_more_than_noise(tmp_path, out: dict) -> None:
             SELECT rank, max(dur_ns) - min(dur_ns) AS spread, median(dur_ns) AS step FROM timeline_spans GROUP BY rank)""").fetchone()
     allowed = max(noise_ns, 0.02 * step_ns)
     claims = [(f["title"], f["lost_ns"]) for f in out["findings"]
-              if f["lost_ns"] is not None and not f["title"].startswith("Exposed ")]
+              if f["lost_ns"] is not None and not f["title"].startswith("Exposed ") and f["analyzer"] != "stragglers"]
     assert all(lost <= allowed for _, lost in claims), (allowed, claims)
     assert not [f for f in out["findings"] if f["analyzer"] == "phases"]  # no data-wait claim
+    compute = dict(con.execute("SELECT rank, compute_ns FROM stragglers_ranks").fetchall())
+    for f in out["findings"]:
+        if f["analyzer"] == "stragglers":
+            [rank] = f["evidence"]["ranks"]
+            extra_ns = compute[rank] - min(v for r, v in compute.items() if r != rank)
+            assert f["evidence"]["cause"] == "device" and f["lost_ns"] <= 1.25 * extra_ns, (f, compute)
 
 
 def _declared_ratio(tmp_path) -> float:
