@@ -7,7 +7,6 @@ beyond the torch ranges they emit.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 from bprof.profiler import rank_hook
 

@@ -21,7 +21,7 @@ from math import prod
 import orjson
 
 from .catalog import DEVICE_PROPS, INPUT_TYPE, LAUNCH
-from .ops import BEGIN, BWD, MAIN
+from .ops import BWD, MAIN
 
 TRIMONTH_S = 7_889_238
 C10D_SHAPES = {  # (Input type of each argument) for the c10d ops, after the tensor argument

@@ -70,3 +70,21 @@ def shared(tmp_path: Path, folder: str, analyzers: list[str]):
     ingest_paths(con, [path], IngestOptions(rank=0 if len(list(path.iterdir())) == 1 else None, work_dir=tmp_path))
     con.close()
     return analysed(db, analyzers)
+
+
+def synthetic(out: Path, scenario, analyzers: list[str]):
+    """Write a bprof.synth run of `scenario` under `out`, ingest it and run `analyzers` (the whole list,
+    in order); returns (con, run_id, truth)."""
+    from bprof.store.ingest import IngestOptions, ingest_paths
+    from bprof.synth import write_run
+
+    truth = write_run(scenario, out / "run")
+    con = open_store(out / "s.duckdb")
+    [r] = ingest_paths(con, [out / "run"], IngestOptions(name="synth"))
+    saved = analysis.ANALYZERS
+    analysis.ANALYZERS = list(analyzers)
+    try:
+        analysis.analyze_run(con, r.run_id, Options())
+    finally:
+        analysis.ANALYZERS = saved
+    return con, r.run_id, truth

@@ -1,7 +1,5 @@
 """The partition of a step on tiny hand-built timelines (exact), and on synthetic runs with planted truth."""
 
-import json
-
 import pytest
 
 from bprof.analyzers.base import Options

@@ -6,9 +6,6 @@ import statistics
 
 import pytest
 
-from bprof.analyzers import run as analysis
-from bprof.analyzers.base import Options
-from bprof.store.db import open_store
 from tests.analyzers.tables import tiny_store
 from tests.analyzers.test_clock import AHEAD_NS, _add_samples, _two_hosts
 from tests.analyzers.test_match import CROSSRANK, add_calls, crossrank, rows
@@ -138,22 +135,13 @@ def test_every_crossrank_table_documents_itself_and_keeps_ns_as_bigint(tmp_path,
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    from bprof.store.ingest import IngestOptions, ingest_paths
-    from bprof.synth import Fault, Scenario, write_run
+    from bprof.synth import Fault, Scenario
 
-    out = tmp_path_factory.mktemp("synth")
-    truth = write_run(Scenario(tp=2, pp=2, dp=2, steps=2, hosts=2, clock_offset_ns={0: 0, 1: 350_000},
-                               clock_jitter_ns=5_000, seed=3, faults=[Fault("slow_rank", rank=3, extra_ns=5_000_000)]),
-                      out / "run")
-    con = open_store(out / "s.duckdb")
-    [r] = ingest_paths(con, [out / "run"], IngestOptions(name="synth"))
-    saved = analysis.ANALYZERS
-    analysis.ANALYZERS = CROSSRANK
-    try:
-        analysis.analyze_run(con, r.run_id, Options())
-    finally:
-        analysis.ANALYZERS = saved
-    return con, r.run_id, truth
+    from tests.analyzers import recorded
+
+    scenario = Scenario(tp=2, pp=2, dp=2, steps=2, hosts=2, clock_offset_ns={0: 0, 1: 350_000},
+                        clock_jitter_ns=5_000, seed=3, faults=[Fault("slow_rank", rank=3, extra_ns=5_000_000)])
+    return recorded.synthetic(tmp_path_factory.mktemp("synth"), scenario, CROSSRANK)
 
 
 def _by_truth_key(con, run_id):

@@ -212,23 +212,13 @@ def test_a_traceless_rank_cuts_and_calls_without_group_are_not_measurable(tmp_pa
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    from bprof.store.db import open_store
-    from bprof.store.ingest import IngestOptions, ingest_paths
-    from bprof.synth import Fault, Scenario, write_run
+    from bprof.synth import Fault, Scenario
 
-    out = tmp_path_factory.mktemp("synth")
-    truth = write_run(Scenario(tp=2, pp=2, dp=2, steps=2, hosts=2, clock_offset_ns={0: 0, 1: 350_000},
-                               clock_jitter_ns=5_000, seed=3, faults=[Fault("slow_rank", rank=3, extra_ns=5_000_000)]),
-                      out / "run")
-    con = open_store(out / "s.duckdb")
-    [r] = ingest_paths(con, [out / "run"], IngestOptions(name="synth"))
-    saved = analysis.ANALYZERS
-    analysis.ANALYZERS = ["timeline", *CROSSRANK]
-    try:
-        analysis.analyze_run(con, r.run_id, Options())
-    finally:
-        analysis.ANALYZERS = saved
-    return con, r.run_id, truth
+    from tests.analyzers import recorded
+
+    scenario = Scenario(tp=2, pp=2, dp=2, steps=2, hosts=2, clock_offset_ns={0: 0, 1: 350_000},
+                        clock_jitter_ns=5_000, seed=3, faults=[Fault("slow_rank", rank=3, extra_ns=5_000_000)])
+    return recorded.synthetic(tmp_path_factory.mktemp("synth"), scenario, ["timeline", *CROSSRANK])
 
 
 def test_every_planted_instance_is_matched_complete_with_its_members(synthetic):
