@@ -106,6 +106,13 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
             FROM kernels_ops WHERE run_id = ? GROUP BY ALL ORDER BY dur_ns DESC""")
     if table_exists("phases_ranks"):
         out["phases"] = rows("SELECT * EXCLUDE (run_id) FROM phases_ranks WHERE run_id = ? ORDER BY rank, phase")
+    if table_exists("clock_hosts"):
+        out["clock_hosts"] = rows("SELECT host, offset_ns, residual_ns, method FROM clock_hosts WHERE run_id = ? ORDER BY host")
+    if table_exists("stragglers_ranks"):
+        out["stragglers"] = rows("""SELECT rank, host, lost_ns, cause, last_frac, imposed_wait_ns, score
+                                    FROM stragglers_ranks WHERE run_id = ? AND flagged ORDER BY lost_ns DESC""")
+    if table_exists("bubbles_runs"):
+        out["pipeline"] = rows("SELECT * EXCLUDE (run_id) FROM bubbles_runs WHERE run_id = ?")
     if table_exists("hta_compat_ranks"):
         hta = {r["rank"]: r for r in rows("SELECT * EXCLUDE (run_id) FROM hta_compat_ranks WHERE run_id = ?")}
         for r in out["ranks"]:
