@@ -44,14 +44,14 @@ class StepGraph:
         # own arrivals: with asynchronous collectives (several NCCL streams) a rank can arrive at B
         # before A completes; the chain then counts B's work from A's exit, which may be negative,
         # and the replay of unchanged work stays exact.
-        order = np.lexsort((arrival_ns, last[dense], rank))
+        order = np.lexsort((dense, arrival_ns, last[dense], rank))  # ties broken by instance: deterministic
         dense, g_rank, g_arr, g_end = dense[order], rank[order], arrival_ns[order], end_ns[order]
         by_inst = np.argsort(dense, kind="stable")
         bounds = np.flatnonzero(np.diff(dense[by_inst])) + 1
         rows = np.split(by_inst, bounds) if len(by_inst) else []
         return cls(dense, g_rank, g_arr, g_end, np.asarray(span_rank, dtype=np.int64),
                    np.asarray(span_start_ns, dtype=np.int64), np.asarray(span_end_ns, dtype=np.int64),
-                   rows, np.argsort(last, kind="stable"), ids.tolist())
+                   rows, np.lexsort((np.arange(len(last)), last)), ids.tolist())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,8 @@ def _step_graphs(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[dict[int,
     """Per step, the replay graph of its complete instances, and the role (op/group size) of each of
     its member rows."""
     members = con.execute("""
-        SELECT step, instance_id, rank, arrival_aligned_ns, end_aligned_ns, role FROM _st_members ORDER BY step""").fetchnumpy()
+        SELECT step, instance_id, rank, arrival_aligned_ns, end_aligned_ns, role FROM _st_members
+        ORDER BY step, rank, arrival_aligned_ns, instance_id""").fetchnumpy()
     spans = con.execute("""
         SELECT s.step, s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0), s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0)
         FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
