@@ -57,12 +57,16 @@ def run_sql(con: duckdb.DuckDBPyConnection, filename: str, run_id: int, params: 
     run_sql_file(con, "bprof.analyzers", filename, {"run_id": run_id, **(params or {})})
 
 
+def table_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the store has the (non-temporary) table `name`: derived tables exist once analysed."""
+    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary",
+                            [name]).fetchone()[0])
+
+
 def replace_rows(con: duckdb.DuckDBPyConnection, tables: list[str], run_id: int) -> None:
     """Delete a run's rows from derived tables before an analyzer writes them again."""
     for table in tables:
-        exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary",
-                             [table]).fetchone()[0]
-        if exists:
+        if table_exists(con, table):
             # table names come from the analyzers' own constants, never from user input
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
 

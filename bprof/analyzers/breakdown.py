@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import duckdb
 
-from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for
+from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
 from bprof.analyzers.classes import load_classes
 
 NAME = "breakdown"
@@ -28,9 +28,8 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
 
 
 def _has_rows(con: duckdb.DuckDBPyConnection, table: str, run_id: int) -> bool:
-    exists = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary", [table]).fetchone()[0]
     # the table name is one of this module's constants, never user input
-    return bool(exists) and con.execute(f"SELECT count(*) > 0 FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
+    return table_exists(con, table) and con.execute(f"SELECT count(*) > 0 FROM {table} WHERE run_id = ?", [run_id]).fetchone()[0]
 
 
 def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:

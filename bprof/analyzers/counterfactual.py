@@ -86,9 +86,10 @@ def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None
            exit_after_ns: np.ndarray | None = None) -> Replay:
     """Replay the step with the given work and transfers (default: as measured); each exit follows
     the last arrival of its instance by `exit_after_ns`."""
-    base_work, base_tail = work_segments(g)
-    work = base_work if work is None else work
-    tail = base_tail if tail is None else tail
+    if work is None or tail is None:
+        base_work, base_tail = work_segments(g)
+        work = base_work if work is None else work
+        tail = base_tail if tail is None else tail
     exit_after_ns = exit_offsets(g) if exit_after_ns is None else exit_after_ns
     # Algorithm: instances in the order of their measured last arrival (a topological order: an
     # instance depends only on instances its members left before arriving at it). A member arrives at

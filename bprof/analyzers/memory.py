@@ -10,7 +10,7 @@ import statistics
 
 import duckdb
 
-from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, table_exists
 
 NAME = "memory"
 TABLES = ["memory_steps", "memory_top_ops"]
@@ -38,8 +38,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
 
 def _stages(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, int]:
     """rank -> pipeline stage (its position in its pipeline group), when the run has pipeline groups."""
-    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'breakdown_groups' AND NOT temporary").fetchone()[0]
-    if not has:
+    if not table_exists(con, "breakdown_groups"):
         return {}
     stages = {}
     for (ranks,) in con.execute("SELECT pg_ranks FROM breakdown_groups WHERE run_id = ? AND dim = 'pp' AND pg_ranks IS NOT NULL",

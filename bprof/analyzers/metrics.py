@@ -18,7 +18,7 @@ import statistics
 
 import duckdb
 
-from bprof.analyzers.base import Finding, Options, Result, not_measurable, write_metrics
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, table_exists, write_metrics
 from bprof.analyzers.peaks import rank_peaks
 from bprof.kernels.devices import normalize_dtype
 
@@ -45,7 +45,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     tokens = options.tokens_per_step or model.get("tokens_per_step")
 
     flops, coverage = {}, None
-    if _has_table(con, "kernels_flops"):
+    if table_exists(con, "kernels_flops"):
         flops = {(r, s): (f, cov, dt) for r, s, f, cov, dt in con.execute(
             "SELECT rank, step, executed_flops, flop_coverage_frac, matmul_dtype FROM kernels_flops WHERE run_id = ?",
             [run_id]).fetchall()}
@@ -147,7 +147,3 @@ def _hfu(flops: dict, job_step_ns: dict, peaks: dict) -> float | None:
         total_flops += sum(f for _, f, _ in rows)
         total_capacity += step_ns * 1e-9 * sum(peaks[r].flops_per_s for r, _, _ in rows)
     return total_flops / total_capacity if total_capacity else None
-
-
-def _has_table(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary", [name]).fetchone()[0])

@@ -13,7 +13,7 @@ from typing import Callable
 
 import duckdb
 
-from bprof.analyzers.base import Options, Result, replace_rows, write_findings
+from bprof.analyzers.base import Options, Result, replace_rows, table_exists, write_findings
 
 # Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
 ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "phases", "idle", "launch", "memory",
@@ -76,10 +76,6 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r)) for r in cur.fetchall()]
 
-    def table_exists(name: str) -> bool:
-        return bool(con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = ? AND NOT temporary",
-                                [name]).fetchone()[0])
-
     out = {
         "run": rows("SELECT run_id, name, world_size, num_ranks_ingested, device_name, backend FROM runs WHERE run_id = ?")[0],
         "metrics": {r["name"]: {"value": r["value"], "unit": r["unit"]}
@@ -95,7 +91,7 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
     }
     for f in out["findings"]:
         f["advice"] = f["evidence"].pop("advice", None)
-    if table_exists("kernels_classes"):
+    if table_exists(con, "kernels_classes"):
         out["kernel_classes"] = rows("""
             SELECT fine_class, sum(num_events) AS num_events, sum(num_graph_kernels) AS num_graph_kernels,
                    sum(dur_ns) AS dur_ns, sum(dur_ns) / sum(sum(dur_ns)) OVER () AS share_frac
@@ -104,16 +100,16 @@ def summary(con: duckdb.DuckDBPyConnection, run_id: int) -> dict:
             SELECT coalesce(dtype, 'unknown') AS dtype, sum(dur_ns) AS dur_ns, sum(flops) AS flops,
                    sum(dur_ns) / sum(sum(dur_ns)) OVER () AS share_frac
             FROM kernels_ops WHERE run_id = ? GROUP BY ALL ORDER BY dur_ns DESC""")
-    if table_exists("phases_ranks"):
+    if table_exists(con, "phases_ranks"):
         out["phases"] = rows("SELECT * EXCLUDE (run_id) FROM phases_ranks WHERE run_id = ? ORDER BY rank, phase")
-    if table_exists("clock_hosts"):
+    if table_exists(con, "clock_hosts"):
         out["clock_hosts"] = rows("SELECT host, offset_ns, residual_ns, method FROM clock_hosts WHERE run_id = ? ORDER BY host")
-    if table_exists("stragglers_ranks"):
+    if table_exists(con, "stragglers_ranks"):
         out["stragglers"] = rows("""SELECT rank, host, lost_ns, cause, last_frac, imposed_wait_ns, score
                                     FROM stragglers_ranks WHERE run_id = ? AND flagged ORDER BY lost_ns DESC""")
-    if table_exists("bubbles_runs"):
+    if table_exists(con, "bubbles_runs"):
         out["pipeline"] = rows("SELECT * EXCLUDE (run_id) FROM bubbles_runs WHERE run_id = ?")
-    if table_exists("hta_compat_ranks"):
+    if table_exists(con, "hta_compat_ranks"):
         hta = {r["rank"]: r for r in rows("SELECT * EXCLUDE (run_id) FROM hta_compat_ranks WHERE run_id = ?")}
         for r in out["ranks"]:
             if r["rank"] in hta:

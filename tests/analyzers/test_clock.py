@@ -3,11 +3,6 @@ per-host offsets recovered from synthetic runs despite jitter and a straggler, a
 `bprof record` run whose second host's clock is 5 s ahead."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +11,7 @@ from bprof.analyzers.base import Options
 from bprof.store.db import open_store
 from tests.analyzers.tables import tiny_store
 from tests.analyzers.test_match import CROSSRANK, add_calls, crossrank, rows
+from tests.profiler.test_record import TRAINER, record_two_hosts
 
 AHEAD_NS = 1_000_000  # host b's clock reads this much more than host a's
 
@@ -205,7 +201,6 @@ def test_planted_offsets_of_four_hosts_come_back_from_all_reduce_exits_despite_a
     assert len(with_straggler) > 100 and set(with_straggler) == {5}
 
 
-TRAINER = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
 
 
 @pytest.mark.slow
@@ -213,24 +208,8 @@ def test_real_two_host_recording_with_a_clock_5s_ahead(tmp_path):
     """Two torchrun agents on localhost under bprof record, the second posing as another host whose clock is
     5 s ahead (the recorder's test-only shift); DP over all 4 ranks, so gloo all-reduces cross the hosts.
     Both share one physical clock, so the true offset is exactly -5 s."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     shift_ns = 5_000_000_000
-    procs = []
-    for node, extra in ((0, {}), (1, {"BPROF_HOSTNAME": "fakehost-b", "BPROF_TEST_CLOCK_SHIFT_NS": str(shift_ns)})):
-        cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(tmp_path / f"host{node}"), "--no-ingest",
-               "--steps", "2:4", "--", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
-               "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", str(TRAINER),
-               "--tp", "1", "--dp", "4", "--steps", "5"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                                      env={**os.environ, "OMP_NUM_THREADS": "1", **extra}))
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-    done = subprocess.run([sys.executable, "-m", "bprof.cli.main", "ingest", str(tmp_path / "host0"), str(tmp_path / "host1"),
-                           "--db", str(tmp_path / "s.duckdb")], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    record_two_hosts(tmp_path, TRAINER, ["--tp", "1", "--dp", "4", "--steps", "5"], shift_ns=shift_ns)
     con = open_store(tmp_path / "s.duckdb")
     [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
     saved = analysis.ANALYZERS

@@ -161,20 +161,20 @@ def test_failure_before_the_window_says_nothing_was_captured(tmp_path):
     assert "nothing was captured" in done.stderr and "exited with 5" in done.stderr
 
 
-def test_two_hosts_on_localhost_make_one_run_with_clock_samples(tmp_path):
-    """Two torchrun --nnodes=2 agents, each under its own bprof record; the second "host" has
-    another host name and a clock 5 s ahead (test-only variables of the recorder)."""
+def record_two_hosts(tmp_path, script, script_args, *, shift_ns: int) -> None:
+    """Two torchrun --nnodes=2 agents on localhost, each under its own bprof record (--steps 2:4), the
+    second posing as host "fakehost-b" with a clock shift_ns ahead (the recorder's test-only variables);
+    then both directories ingested into tmp_path/s.duckdb as one run."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    shift_ns = 5_000_000_000
     procs = []
     for node, extra in ((0, {}), (1, {"BPROF_HOSTNAME": "fakehost-b", "BPROF_TEST_CLOCK_SHIFT_NS": str(shift_ns)})):
         cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(tmp_path / f"host{node}"), "--no-ingest",
                "--steps", "2:4", "--", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
-               "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", str(TOY), "--steps", "6"]
+               "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}", str(script), *script_args]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                       env={**os.environ, "OMP_NUM_THREADS": "1", **extra}))
     for p in procs:
@@ -183,6 +183,13 @@ def test_two_hosts_on_localhost_make_one_run_with_clock_samples(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bprof.cli.main", "ingest", str(tmp_path / "host0"), str(tmp_path / "host1"),
                            "--db", str(tmp_path / "s.duckdb")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def test_two_hosts_on_localhost_make_one_run_with_clock_samples(tmp_path):
+    """Two torchrun --nnodes=2 agents, each under its own bprof record; the second "host" has
+    another host name and a clock 5 s ahead (test-only variables of the recorder)."""
+    shift_ns = 5_000_000_000
+    record_two_hosts(tmp_path, TOY, ["--steps", "6"], shift_ns=shift_ns)
     con = store(tmp_path)
     assert con.execute("SELECT count(*), bool_and(consistent), any_value(missing_ranks) FROM runs").fetchone() == (1, True, [])
     hosts = con.execute("SELECT rank, host FROM ranks ORDER BY rank").fetchall()
