@@ -25,7 +25,7 @@ COMMENT ON COLUMN stragglers_ranks.compute_ns IS 'Median per step of its compute
 COMMENT ON COLUMN stragglers_ranks.host_busy_ns IS 'Median per step of its idle + other time (host-side: launch gaps, syncs, GC, data, Python).';
 COMMENT ON COLUMN stragglers_ranks.transfer_ratio IS 'Median over its instances of their transfer time over the median transfer of instances of the same op and size on other groups; above 1 when its links are slow.';
 COMMENT ON COLUMN stragglers_ranks.score IS 'Median rank''s compute_ns over this rank''s: below 1 means slower than the median rank.';
-COMMENT ON COLUMN stragglers_ranks.lost_ns IS 'How much shorter the job''s step would be if this rank worked like the median rank of its role (median over steps of the counterfactual engine''s gain; 0 when some step gains less than half of it: not consistent); NULL when not evaluated.';
+COMMENT ON COLUMN stragglers_ranks.lost_ns IS 'How much shorter the job''s step would be if this rank worked like the median rank of its role (median over steps of the counterfactual engine''s gain; 0 unless at least 75% of the steps gain half of it: not consistent); NULL when not evaluated.';
 COMMENT ON COLUMN stragglers_ranks.flagged IS 'lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the step time).';
 COMMENT ON COLUMN stragglers_ranks.cause IS 'For flagged ranks: device (its compute exceeds the median rank''s by more than its host-side time does) or host.';
 

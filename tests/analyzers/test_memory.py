@@ -131,8 +131,11 @@ def test_real_recording_with_memory_events(real_run):
     rows = con.execute("SELECT rank, step, device, peak_allocated_bytes, baseline FROM memory_steps WHERE run_id = ? "
                        "ORDER BY rank, step", [run_id]).fetchall()
     assert [(r, s, d, b) for r, s, d, _, b in rows] == [(r, s, "cpu", "absolute") for r in (0, 1) for s in (3, 4)]
-    peaks = [p for *_, p, _ in rows]
-    assert min(peaks) > 0 and max(peaks) < 1.1 * min(peaks)  # data-parallel replicas hold the same
+    # Data-parallel replicas hold the same model, gradients and activations, but how long gradient
+    # buckets stay alive depends on when gloo finishes their all-reduce: a contended step peaks higher
+    # (seen in CI: 17.7 MB against 14.0 MB). The floor of each rank's steps is the same.
+    floors = [min(p for r, _, _, p, _ in rows if r == rank) for rank in (0, 1)]
+    assert min(floors) > 0 and max(floors) < 1.1 * min(floors), rows
     assert con.execute("SELECT count(*) FROM findings WHERE run_id = ? AND analyzer = 'memory'", [run_id]).fetchone()[0] == 0
     top = [n for (n,) in con.execute("SELECT name FROM memory_top_ops WHERE run_id = ? AND rank = 0 ORDER BY alloc_bytes DESC LIMIT 3",
                                      [run_id]).fetchall()]

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bprof.analyzers import run as analysis
+from bprof.analyzers import stragglers
 from bprof.analyzers.base import Options
 from bprof.store.db import open_store
 from bprof.store.ingest import IngestOptions, ingest_paths
@@ -68,3 +69,14 @@ def test_host_clock_offsets_are_recovered_despite_the_plant(planted):
     for h in truth["hosts"]:
         # written = true + offset: aligning subtracts the offset relative to the reference host
         assert abs(got[h["host"]] + (h["clock_offset_ns"] - reference)) <= 20_000, (h, got)
+
+
+@pytest.mark.parametrize("gains, lost", [
+    ([100, 90, 110, 105], 102),  # consistent: the median
+    ([150, 60, 140, 130], 135),  # one step of four falls short (a contended peer): still a straggler
+    ([40, 30, 0, 0], 0),  # two of four steps gain nothing: noise
+    ([80, 0], 0),  # of two steps both must gain
+    ([-5, -3, 2, 1], 0),  # its peers work more than it does: never negative
+])
+def test_a_cost_must_recur_in_most_steps(gains, lost):
+    assert stragglers._summarise(gains) == lost
