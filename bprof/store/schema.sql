@@ -1,4 +1,4 @@
--- The bprof store, schema version 2. Every table and column is documented with COMMENT ON;
+-- The bprof store, schema version 3. Every table and column is documented with COMMENT ON;
 -- tests/store/test_schema.py fails when one is not. Times are int64 nanoseconds: `*_ts_ns`
 -- on the rank's own clock (epoch-based), `*_dur_ns` durations. Sizes say their unit.
 
@@ -95,7 +95,7 @@ COMMENT ON COLUMN ranks.time_base IS 'How the trace wrote time: relative_base (b
 COMMENT ON COLUMN ranks.base_time_ns IS 'baseTimeNanoseconds of the file (0 for absolute traces); ts_ns = base + ts * 1000.';
 COMMENT ON COLUMN ranks.first_ts_ns IS 'Earliest event start on this rank (own clock).';
 COMMENT ON COLUMN ranks.last_ts_ns IS 'Latest event end on this rank (own clock).';
-COMMENT ON COLUMN ranks.num_events IS 'Number of events ingested from the trace.';
+COMMENT ON COLUMN ranks.num_events IS 'Number of events ingested from the trace (for a reduced rank: read by bprof reduce; the store holds none of them).';
 COMMENT ON COLUMN ranks.clock_offset_ns IS 'Offset to add to this rank''s clock to align it with the run''s reference; NULL until clock alignment runs.';
 COMMENT ON COLUMN ranks.clock_residual_ns IS 'Residual error of that offset estimate; NULL until clock alignment runs.';
 COMMENT ON COLUMN ranks.distributed_info IS 'The trace''s distributedInfo object (backend, world size, process groups).';
@@ -309,3 +309,82 @@ COMMENT ON COLUMN device_peaks.matmul_size IS 'n of the n x n x n matmul.';
 COMMENT ON COLUMN device_peaks.num_repeats IS 'Number of timed repeats behind flops_per_s and its spread.';
 COMMENT ON COLUMN device_peaks.measured_at IS 'When the measurement finished.';
 COMMENT ON COLUMN device_peaks.torch_version IS 'torch.__version__ of the measurement.';
+
+CREATE TABLE reduced_ranks (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    path VARCHAR NOT NULL,
+    format_version INTEGER NOT NULL,
+    bprof_version VARCHAR,
+    reduced_at TIMESTAMPTZ,
+    reduced_bytes BIGINT NOT NULL,
+    PRIMARY KEY (run_id, rank)
+);
+COMMENT ON TABLE reduced_ranks IS 'Ranks ingested from `bprof reduce` outputs instead of their traces: they have steps, collectives, clock samples and the per-step partition, but no events.';
+COMMENT ON COLUMN reduced_ranks.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN reduced_ranks.rank IS 'Global rank.';
+COMMENT ON COLUMN reduced_ranks.path IS 'The rank<R>.reduced directory as ingested (ranks.trace_path names the trace it was reduced from).';
+COMMENT ON COLUMN reduced_ranks.format_version IS 'Version of the reduced format (bprof.store.reduce.FORMAT_VERSION) that wrote it.';
+COMMENT ON COLUMN reduced_ranks.bprof_version IS 'bprof version that ran the reduce.';
+COMMENT ON COLUMN reduced_ranks.reduced_at IS 'When the reduce ran.';
+COMMENT ON COLUMN reduced_ranks.reduced_bytes IS 'Bytes of its Parquet files and manifest.';
+
+CREATE TABLE reduced_spans (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    ts_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL,
+    timeline VARCHAR NOT NULL,
+    main_tid VARCHAR,
+    PRIMARY KEY (run_id, rank, step)
+);
+COMMENT ON TABLE reduced_spans IS 'timeline_spans rows of reduced ranks as `bprof reduce` computed them from the trace; the timeline analyzer copies them.';
+COMMENT ON COLUMN reduced_spans.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN reduced_spans.rank IS 'Global rank (reduced_ranks.rank).';
+COMMENT ON COLUMN reduced_spans.step IS 'Profiler step; -1 = the whole trace of a rank without ProfilerStep ranges.';
+COMMENT ON COLUMN reduced_spans.ts_ns IS 'Span start, own clock (timeline_spans.ts_ns).';
+COMMENT ON COLUMN reduced_spans.dur_ns IS 'Span length: the step time (timeline_spans.dur_ns).';
+COMMENT ON COLUMN reduced_spans.timeline IS 'device or main_thread (timeline_spans.timeline).';
+COMMENT ON COLUMN reduced_spans.main_tid IS 'The training (main) thread (timeline_spans.main_tid).';
+
+CREATE TABLE reduced_breakdown (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    timeline VARCHAR NOT NULL,
+    span_ns BIGINT NOT NULL,
+    compute_ns BIGINT NOT NULL,
+    exposed_comm_ns BIGINT NOT NULL,
+    overlapped_comm_ns BIGINT NOT NULL,
+    memcpy_ns BIGINT NOT NULL,
+    idle_ns BIGINT NOT NULL,
+    other_ns BIGINT NOT NULL,
+    PRIMARY KEY (run_id, rank, step)
+);
+COMMENT ON TABLE reduced_breakdown IS 'The per-step partition (breakdown_steps) of reduced ranks as `bprof reduce` computed it; the breakdown analyzer copies it.';
+COMMENT ON COLUMN reduced_breakdown.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN reduced_breakdown.rank IS 'Global rank (reduced_ranks.rank).';
+COMMENT ON COLUMN reduced_breakdown.step IS 'Profiler step (-1: whole trace).';
+COMMENT ON COLUMN reduced_breakdown.timeline IS 'device or main_thread.';
+COMMENT ON COLUMN reduced_breakdown.span_ns IS 'Step span length (breakdown_steps.span_ns).';
+COMMENT ON COLUMN reduced_breakdown.compute_ns IS 'breakdown_steps.compute_ns.';
+COMMENT ON COLUMN reduced_breakdown.exposed_comm_ns IS 'breakdown_steps.exposed_comm_ns.';
+COMMENT ON COLUMN reduced_breakdown.overlapped_comm_ns IS 'breakdown_steps.overlapped_comm_ns.';
+COMMENT ON COLUMN reduced_breakdown.memcpy_ns IS 'breakdown_steps.memcpy_ns.';
+COMMENT ON COLUMN reduced_breakdown.idle_ns IS 'breakdown_steps.idle_ns.';
+COMMENT ON COLUMN reduced_breakdown.other_ns IS 'breakdown_steps.other_ns.';
+
+CREATE TABLE reduced_exposed_comm (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    ts_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL
+);
+COMMENT ON TABLE reduced_exposed_comm IS 'The intervals of each step of a reduced rank that its partition labels exposed_comm (adjacent ones merged): what cross-rank analysis splits into waiting and transfer, and attributes to parallel dimensions.';
+COMMENT ON COLUMN reduced_exposed_comm.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN reduced_exposed_comm.rank IS 'Global rank (reduced_ranks.rank).';
+COMMENT ON COLUMN reduced_exposed_comm.step IS 'Profiler step (-1: whole trace).';
+COMMENT ON COLUMN reduced_exposed_comm.ts_ns IS 'Interval start, own clock.';
+COMMENT ON COLUMN reduced_exposed_comm.dur_ns IS 'Interval length.';

@@ -8,7 +8,8 @@ from bprof.analyzers.base import Options
 from tests.analyzers.tables import tiny_store
 
 STORE_TABLES = {"meta", "runs", "ranks", "events", "collectives", "steps", "clock_samples", "metrics",
-                "step_metrics", "findings", "device_peaks"}
+                "step_metrics", "findings", "device_peaks", "reduced_ranks", "reduced_spans", "reduced_breakdown",
+                "reduced_exposed_comm"}
 
 
 @pytest.fixture

@@ -92,7 +92,7 @@ def test_schema_1_store_migrates_to_the_same_schema_as_a_new_one(tmp_path):
     con.execute("INSERT INTO meta VALUES ('schema_version', '1'), ('created_by', 'bprof')")
     con.execute("INSERT INTO metrics VALUES (1, 'step_time_ns', 5e8, 'ns', 'test')")
     con.close()
-    with pytest.raises(Exception, match="schema 1 needs migrating to 2"):
+    with pytest.raises(Exception, match=f"schema 1 needs migrating to {SCHEMA_VERSION}"):
         open_store(old, read_only=True)
 
     migrated = open_store(old)
