@@ -1,4 +1,4 @@
-"""`bprof ingest PATH...`: load per-rank Kineto traces into the store."""
+"""`bprof ingest PATH...`: load per-rank Kineto traces (or `bprof reduce` outputs) into the store."""
 
 from __future__ import annotations
 
@@ -19,11 +19,14 @@ def register(app: typer.Typer) -> None:
 
 
 def ingest(
-    paths: List[Path] = typer.Argument(..., help="Trace files or directories (one run; torchtitan iteration_N folders: one run each)."),
+    paths: List[Path] = typer.Argument(..., help="Trace files or directories (one run; torchtitan iteration_N folders: one run each), "
+                                                  "or rank<R>.reduced outputs of bprof reduce (or a directory of them)."),
     db: Path = DbOption,
     name: Optional[str] = typer.Option(None, "--name", help="Run name (default: the directory name)."),
     rank: Optional[int] = typer.Option(None, "--rank", help="Rank of a single trace that does not record it."),
     workers: int = typer.Option(2, "--workers", min=1, help="Threads inflating trace files."),
+    reduced: bool = typer.Option(False, "--reduced", help="Where a directory holds traces and bprof reduce outputs "
+                                                           "(bprof record --reduce), ingest the reduced outputs."),
     as_json: bool = JsonOption,
 ) -> None:
     """Ingest traces into the store; a file that fails leaves the store as it was."""
@@ -33,17 +36,20 @@ def ingest(
         with Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True, disable=as_json or not err.is_terminal) as bar:
             task = bar.add_task("ingest", total=None)
-            results = ingest_paths(con, paths, IngestOptions(name=name, rank=rank, workers=workers),
+            results = ingest_paths(con, paths, IngestOptions(name=name, rank=rank, workers=workers, reduced=reduced),
                                    progress=lambda done, total: bar.update(task, completed=done, total=total))
     finally:
         con.close()
     if as_json:
-        print_json([r.__dict__ for r in results])
+        print_json([r.summary() for r in results])
         return
     for r in results:
         for warning in r.warnings:
             err.print(f"[yellow]warning[/yellow]: run {r.name}: {warning}")
-        if r.created:
+        if r.created and r.reduced_bytes:
+            typer.echo(f"ingested run {r.run_id} ({r.name}) from reduced outputs: {r.num_ranks} ranks, "
+                       f"{r.reduced_bytes / 1e3:,.1f} kB of Parquet into {db} (no events: per-rank views need the traces)")
+        elif r.created:
             typer.echo(f"ingested run {r.run_id} ({r.name}): {r.num_ranks} ranks, {r.num_events:,} events, "
                        f"{r.uncompressed_bytes / 1e6:,.1f} MB of trace JSON into {db}")
         else:

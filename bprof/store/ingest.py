@@ -2,7 +2,8 @@
 
 Each file is streamed into a work file holding just its events array (threads, so gzip
 inflation of one rank overlaps DuckDB's scan of the previous batch); DuckDB's JSON reader then
-scans batches of ranks natively. Any failure rolls the run back: the store is left as it was.
+scans batches of ranks natively. A run of `bprof reduce` outputs loads their Parquet tables
+instead (ingest_reduced_run). Any failure rolls the run back: the store is left as it was.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import duckdb
 from bprof.errors import DataError, UsageError
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.kineto_file import SplitTrace, split_trace
+from bprof.store.reduce import check_one_run, load_reduced, read_manifest
 from bprof.store.sqlfile import run_sql_file
 
 _MALFORMED = re.compile(r'file "([^"]+)", at byte (\d+)(?: in record/value \d+)?: (.*)', re.DOTALL)
@@ -35,6 +37,7 @@ class IngestOptions:
     batch_files: int = 8  # ranks scanned by one DuckDB query
     work_dir: Path | None = None  # where the events arrays are staged (default: system temp)
     memory_limit: str = "600MB"  # DuckDB's buffer limit while ingesting; past it, DuckDB spills to disk
+    reduced: bool = False  # where a directory holds traces and `bprof reduce` outputs, take the latter
 
 
 @dataclass
@@ -46,6 +49,13 @@ class IngestResult:
     num_events: int = 0
     uncompressed_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
+    reduced_bytes: int = 0  # a run of reduced outputs: their Parquet and manifest bytes (no events)
+    # each rank's metadata as the runs row was made from it (bprof reduce keeps it); not printed
+    metadata_by_rank: dict[int, dict] = field(default_factory=dict, repr=False)
+
+    def summary(self) -> dict:
+        """What `bprof ingest --json` prints."""
+        return {k: v for k, v in self.__dict__.items() if k != "metadata_by_rank"}
 
 
 Progress = Callable[[int, int], None]  # (files done, files total)
@@ -54,12 +64,12 @@ Progress = Callable[[int, int], None]  # (files done, files total)
 def ingest_paths(con: duckdb.DuckDBPyConnection, paths: list[Path], options: IngestOptions = IngestOptions(),
                  progress: Progress | None = None) -> list[IngestResult]:
     """Ingest every run found under `paths` (usually one); see discover() for the layouts."""
-    runs = discover([Path(p) for p in paths])
+    runs = discover([Path(p) for p in paths], prefer_reduced=options.reduced)
     if options.rank is not None and (len(runs) != 1 or len(runs[0].files) != 1):
         raise UsageError("--rank applies to a single trace file only")
     if options.name is not None and len(runs) > 1:
         raise UsageError(f"--name names one run, but these paths hold {len(runs)} runs")
-    return [ingest_run(con, run, options, progress) for run in runs]
+    return [(ingest_reduced_run if run.reduced else ingest_run)(con, run, options, progress) for run in runs]
 
 
 def ingest_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOptions,
@@ -85,11 +95,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOpt
 
 def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hashes: dict[Path, str],
                            options: IngestOptions, progress: Progress | None) -> IngestResult:
-    run_id = con.execute(
-        "INSERT INTO runs (name, ingested_at, source_path, fingerprint, num_ranks_ingested, consistent) "
-        "VALUES (?, ?, ?, ?, 0, true) RETURNING run_id",
-        [name, datetime.now(timezone.utc), ";".join(str(f) for f in run.files), fingerprint],
-    ).fetchone()[0]
+    run_id = _insert_run(con, run, name, fingerprint)
     result = IngestResult(run_id, name, created=True)
     seen_ranks: dict[int, Path] = {}
     metas: dict[int, dict] = {}
@@ -127,7 +133,47 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     result.warnings = _finish_run(con, run_id, metas)
     result.num_ranks = len(seen_ranks)
     result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
+    result.metadata_by_rank = metas
     return result
+
+
+def ingest_reduced_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOptions,
+                       progress: Progress | None = None) -> IngestResult:
+    """A run from `bprof reduce` outputs (bprof.store.reduce): every file is checked against its
+    manifest before the run's one transaction loads them; the run has no events."""
+    if options.rank is not None:
+        raise UsageError("--rank applies to trace files; a reduced output names its rank")
+    manifests = [read_manifest(d) for d in run.files]
+    check_one_run(manifests)
+    fingerprint = hashlib.sha256("".join(sorted(m.sha256 for m in manifests)).encode()).hexdigest()
+    existing = con.execute("SELECT run_id, name FROM runs WHERE fingerprint = ?", [fingerprint]).fetchone()
+    if existing:
+        return IngestResult(existing[0], existing[1], created=False)
+    if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
+        raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
+    name = options.name or _unique_name(con, run.default_name)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        run_id = _insert_run(con, run, name, fingerprint)
+        load_reduced(con, run_id, manifests)
+        warnings = _finish_run(con, run_id, {m.rank: m.metadata for m in manifests})
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    if progress:
+        progress(len(manifests), len(manifests))
+    return IngestResult(run_id, name, created=True, num_ranks=len(manifests), warnings=warnings,
+                        reduced_bytes=sum(m.num_bytes for m in manifests))
+
+
+def _insert_run(con, run: RunFiles, name: str, fingerprint: str) -> int:
+    """The run's row, filled in by _finish_run once its ranks are in."""
+    return con.execute(
+        "INSERT INTO runs (name, ingested_at, source_path, fingerprint, num_ranks_ingested, consistent) "
+        "VALUES (?, ?, ?, ?, 0, true) RETURNING run_id",
+        [name, datetime.now(timezone.utc), ";".join(str(f) for f in run.files), fingerprint],
+    ).fetchone()[0]
 
 
 def _submit_batch(pool: ThreadPoolExecutor, files, tmp: Path, batch_index: int):
@@ -234,7 +280,7 @@ def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
     world_size = max(world_sizes) if world_sizes else None
     missing = [r for r in range(world_size) if r not in metas] if world_size else None
     if missing:
-        warnings.append(f"{len(metas)} of {world_size} ranks ingested (partial run; missing ranks {_ranges(missing)})")
+        warnings.append(f"{len(metas)} of {world_size} ranks ingested (partial run; missing ranks {rank_ranges(missing)})")
     model = next((m.get("bprof_model") for m in metas.values() if m.get("bprof_model") is not None), None)
     if isinstance(model, str):
         model = json.loads(model)
@@ -362,7 +408,7 @@ def _json_or_none(value) -> str | None:
     return None if value is None else json.dumps(value)
 
 
-def _ranges(ranks: list[int]) -> str:
+def rank_ranges(ranks: list[int]) -> str:
     """[1, 2, 3, 7] -> '1-3, 7'."""
     parts, start = [], None
     for i, r in enumerate(ranks):
