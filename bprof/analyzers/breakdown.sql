@@ -3,7 +3,10 @@
 -- measures HTA's comm_overlap_frac, and splits communication by parallel dimension.
 -- Reads timeline_spans, events, collectives, runs and the temp table _classes (name, kind ->
 -- coarse_class, built from bprof.kernels by breakdown.py); writes breakdown_steps,
--- breakdown_ranks, breakdown_groups, breakdown_dims and breakdown_idle_gaps.
+-- breakdown_ranks, breakdown_groups, breakdown_dims and breakdown_idle_gaps. A reduced rank (from
+-- `bprof reduce` output: no events) brings its partition (reduced_breakdown) and its exposed
+-- communication intervals (reduced_exposed_comm), which the reduce computed with this same file;
+-- it has no idle gaps.
 --
 -- Definitions (the README repeats them):
 -- * Device timeline (GPU traces): every kernel, memcpy and memset of the rank, all streams.
@@ -120,7 +123,7 @@ COMMENT ON COLUMN breakdown_idle_gaps.dur_ns IS 'Gap length.';
 CREATE OR REPLACE TEMP TABLE _bd_iv AS
 WITH spans AS (
     SELECT rank, step, ts_ns, ts_ns + dur_ns AS end_ns, timeline, main_tid
-    FROM timeline_spans WHERE run_id = $run_id
+    FROM timeline_spans WHERE run_id = $run_id AND rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id)
 ), dev AS (
     SELECT e.rank, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
         CASE c.coarse_class WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3 ELSE 0 END AS cls
@@ -165,7 +168,9 @@ SELECT key.rank AS rank, key.step AS step, ts_ns, end_ns,
          WHEN mask & 8 > 0 THEN 'other'
          ELSE 'idle' END AS label
 FROM iv_segments('_bd_iv')
-WHERE mask & 128 > 0;
+WHERE mask & 128 > 0
+UNION ALL
+SELECT rank, step, ts_ns, ts_ns + dur_ns, 'exposed_comm' FROM reduced_exposed_comm WHERE run_id = $run_id;
 
 INSERT INTO breakdown_steps
 WITH sums AS (
@@ -183,7 +188,10 @@ WITH sums AS (
         CAST(coalesce(overlapped_comm_ns, 0) AS BIGINT) AS overlapped_comm_ns, CAST(coalesce(memcpy_ns, 0) AS BIGINT) AS memcpy_ns,
         CAST(coalesce(idle_ns, 0) AS BIGINT) AS idle_ns, CAST(coalesce(other_ns, 0) AS BIGINT) AS other_ns
     FROM timeline_spans s LEFT JOIN sums USING (rank, step)
-    WHERE s.run_id = $run_id AND s.dur_ns > 0
+    WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id)
+    UNION ALL
+    SELECT rank, step, timeline, span_ns, compute_ns, exposed_comm_ns, overlapped_comm_ns, memcpy_ns, idle_ns, other_ns
+    FROM reduced_breakdown WHERE run_id = $run_id
 )
 SELECT $run_id, rank, step, timeline, span_ns,
     compute_ns, exposed_comm_ns, overlapped_comm_ns, memcpy_ns, idle_ns, other_ns,

@@ -20,7 +20,7 @@ UPDATE breakdown_steps b SET
     exposed_transfer_ns = b.exposed_comm_ns - w.wait_ns
 FROM (
     SELECT s.rank, s.step, CAST(coalesce(sum(least(u.end_ns, x.end_ns) - greatest(u.ts_ns, x.ts_ns)), 0) AS BIGINT) AS wait_ns
-    FROM (SELECT DISTINCT rank, step FROM _bd_seg) s
+    FROM (SELECT rank, step FROM breakdown_steps WHERE run_id = $run_id) s
     LEFT JOIN _bd_wait_union u ON u.key.rank = s.rank AND u.key.step = s.step
     LEFT JOIN _bd_seg x ON x.rank = s.rank AND x.step = s.step AND x.label = 'exposed_comm'
          AND x.ts_ns < u.end_ns AND x.end_ns > u.ts_ns

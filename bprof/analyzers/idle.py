@@ -45,8 +45,10 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
     is largest (steps without it count as 0). Counterfactual: that idle removed, the device (or the
     CPU training thread) runs its work back to back, so the step is shorter by exactly that time.
     data_loading has no finding here: phases reports it as data wait, with its noise rule."""
-    spans = con.execute("SELECT rank, step, dur_ns, timeline FROM timeline_spans WHERE run_id = ? AND dur_ns > 0",
-                        [run_id]).fetchall()
+    # reduced ranks (`bprof reduce` output) have no events, so no idle attribution
+    spans = con.execute("""SELECT rank, step, dur_ns, timeline FROM timeline_spans WHERE run_id = ? AND dur_ns > 0
+                           AND rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = ?)""",
+                        [run_id, run_id]).fetchall()
     if not spans:
         return []
     causes = {(r, s, c): (ns, n) for r, s, c, ns, n in con.execute(

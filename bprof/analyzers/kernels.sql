@@ -210,7 +210,8 @@ WITH matmul AS (
     SELECT rank, step, sum(flops) AS flops, sum(known_ns) AS known_ns, arg_max(dtype, flops) AS dtype
     FROM by_dtype GROUP BY rank, step
 ), spans AS (
-    SELECT rank, step FROM timeline_spans WHERE run_id = $run_id
+    -- reduced ranks (`bprof reduce` output) have no events: no FLOPs row rather than a zero
+    SELECT rank, step FROM timeline_spans WHERE run_id = $run_id AND rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id)
 )
 SELECT $run_id, s.rank, s.step, k.flops, CAST(coalesce(m.matmul_ns, 0) AS BIGINT),
     CAST(least(coalesce(k.known_ns, 0), coalesce(m.matmul_ns, 0)) AS BIGINT),

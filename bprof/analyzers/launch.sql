@@ -114,7 +114,8 @@ SELECT $run_id, s.rank, s.step, coalesce(k.num_kernels, 0), CAST(coalesce(k.kern
     coalesce(l.num_graph_launches, 0), CAST(coalesce(l.num_graph_kernels, 0) AS BIGINT)
 FROM timeline_spans s
 LEFT JOIN k USING (rank, step) LEFT JOIN l USING (rank, step) LEFT JOIN g USING (rank, step)
-WHERE s.run_id = $run_id AND s.timeline = 'device';
+-- reduced ranks (`bprof reduce` output) have no events: no row rather than zeros
+WHERE s.run_id = $run_id AND s.timeline = 'device' AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id);
 
 INSERT INTO launch_tiny_kernels
 WITH t AS (

@@ -8,7 +8,7 @@ Definitions (the README repeats them):
 - HFU = executed FLOPs from recorded shapes (recompute included; kernels_flops) summed over the
   ingested ranks / (step time × Σ of their peaks). Needs FLOP coverage ≥ 90% of matmul time.
 - Peaks come from bprof.analyzers.peaks: never guessed; unknown gives "not measurable" and the fix.
-Reads timeline_spans, kernels_flops, runs, ranks; writes metrics and step_metrics.
+Reads timeline_spans, kernels_flops, runs, ranks, reduced_ranks; writes metrics and step_metrics.
 """
 
 from __future__ import annotations
@@ -108,7 +108,12 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     hfu = _hfu(flops, job_step_ns, peaks)
     metrics["flop_coverage_frac"] = (coverage, "frac")
     metrics["hfu_frac"] = (hfu if peak_sum and coverage is not None and coverage >= MIN_FLOP_COVERAGE_FRAC else None, "frac")
-    if coverage is None or coverage < MIN_FLOP_COVERAGE_FRAC:
+    if coverage is None and con.execute("SELECT count(*) FROM reduced_ranks WHERE run_id = ?", [run_id]).fetchone()[0]:
+        result.findings.append(not_measurable(
+            "HFU is not measurable: the run's ranks were ingested from bprof reduce outputs",
+            "HFU counts executed FLOPs from the recorded shapes of ops, which are events; reduced ranks carry none.",
+            "Ingest the ranks' traces instead of their rank<R>.reduced outputs.", coverage_frac=None))
+    elif coverage is None or coverage < MIN_FLOP_COVERAGE_FRAC:
         result.findings.append(not_measurable(
             "HFU is not measurable: too little matmul time has known FLOPs",
             f"FLOP coverage is {'unknown (no matmul-class work found)' if coverage is None else f'{coverage:.0%}'}; "

@@ -1,6 +1,7 @@
 -- Which phase of the training step (data wait, forward, backward, recompute, optimizer, other) is
 -- each rank's host in, for how long per step, and how much device work does each phase launch?
--- Reads timeline_spans, events; writes phases_steps and phases_ranks.
+-- Reads timeline_spans, events, reduced_ranks; writes phases_steps and phases_ranks. Reduced ranks
+-- (ingested from `bprof reduce` output) have no events, hence no phases: they get no rows.
 --
 -- Definitions. The host of a rank is its main thread (timeline_spans) plus every thread that runs
 -- backward ranges (the autograd engine's device threads on GPU runs; the main thread blocks in
@@ -206,7 +207,7 @@ FROM timeline_spans s CROSS JOIN phases p
 LEFT JOIN host h ON h.rank = s.rank AND h.step = s.step AND h.phase = p.phase
 LEFT JOIN busy b ON b.rank = s.rank AND b.step = s.step AND b.phase = p.phase
 LEFT JOIN ops o ON o.rank = s.rank AND o.step = s.step AND o.phase = p.phase
-WHERE s.run_id = $run_id AND s.dur_ns > 0;
+WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id);
 
 INSERT INTO phases_ranks
 SELECT $run_id, p.rank, p.phase, count(*), CAST(median(p.dur_ns) AS BIGINT),

@@ -1,5 +1,7 @@
 -- Which span of time is each rank's step, and which timeline stands for its device?
--- Reads steps, events; writes timeline_spans. Every other analyzer partitions these spans.
+-- Reads steps, events, reduced_ranks, reduced_spans; writes timeline_spans. Every other analyzer
+-- partitions these spans. A reduced rank (ingested from `bprof reduce` output: no events) gets
+-- the spans the reduce computed from its trace with this same query.
 -- Algorithm: a step's span starts at its ProfilerStep range on the CPU and ends where the next
 -- consecutive step starts, so consecutive spans tile the rank's timeline with no gap and no
 -- overlap. The last step (or one followed by a jump in step numbers) ends at the later of its CPU
@@ -69,7 +71,7 @@ WITH dev AS (
     LEFT JOIN has_dev h USING (rank)
     LEFT JOIN step_tid s USING (rank)
     LEFT JOIN busiest_tid b USING (rank)
-    WHERE r.run_id = $run_id
+    WHERE r.run_id = $run_id AND r.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id)
 ), stepped AS (
     SELECT s.rank, s.step, s.ts_ns, s.ts_ns + s.dur_ns AS cpu_end_ns,
         lead(s.step) OVER w AS next_step, lead(s.ts_ns) OVER w AS next_ts_ns
@@ -86,7 +88,9 @@ LEFT JOIN dev d ON d.rank = st.rank AND d.step = st.step
 UNION ALL
 SELECT $run_id, r.rank, -1, r.first_ts_ns, r.last_end_ns - r.first_ts_ns, r.timeline, r.main_tid
 FROM ranks r
-WHERE r.first_ts_ns IS NOT NULL AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = $run_id AND s.rank = r.rank);
+WHERE r.first_ts_ns IS NOT NULL AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.run_id = $run_id AND s.rank = r.rank)
+UNION ALL
+SELECT $run_id, rank, step, ts_ns, dur_ns, timeline, main_tid FROM reduced_spans WHERE run_id = $run_id;
 
 INSERT INTO timeline_threads
 SELECT $run_id, rank, tid, 'main' FROM (SELECT DISTINCT rank, main_tid AS tid FROM timeline_spans WHERE run_id = $run_id AND main_tid IS NOT NULL)
