@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import analyze, calibrate, export, ingest, record, runs
+from bprof.cli import analyze, calibrate, export, ingest, record, reduce, runs
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ runs.register(app)
 export.register(app)
 record.register(app)
 calibrate.register(app)
+reduce.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
