@@ -26,19 +26,22 @@ def record(
     memory: bool = typer.Option(False, "--memory", help="Also record memory events."),
     execution_trace: bool = typer.Option(False, "--execution-trace", help="Also write PyTorch's execution trace (Chakra)."),
     model_flops: Optional[float] = typer.Option(None, "--model-flops", help="Model FLOPs per step, when the script does not declare them."),
+    reduce: bool = typer.Option(False, "--reduce", help="Each rank also writes `bprof reduce` of its trace (rank<R>.reduced beside it)."),
     db: Path = DbOption,
     ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the run into the store afterwards."),
 ) -> None:
     """Run CMD (torchrun, python -m torch.distributed.run, python, ...) with every rank profiled."""
     command = tuple(ctx.args)
     result = run_recording(RecordOptions(command=command, out=out, name=name, steps=steps, memory=memory,
-                                         execution_trace=execution_trace, model_flops=model_flops))
+                                         execution_trace=execution_trace, model_flops=model_flops, reduce=reduce))
     if not result.ranks_with_traces:
         typer.echo(f"bprof: nothing was captured (the command exited with {result.exit_code} before any "
                    f"window of --steps {steps}); run directory {result.run_dir}", err=True)
         raise typer.Exit(result.exit_code)
     typer.echo(f"bprof: recorded ranks {_ranks(result.ranks_with_traces)} over windows "
                f"{', '.join(result.windows)} into {result.run_dir}", err=True)
+    if reduce:
+        _reduced_summary(result.run_dir)
     if ingest:
         con = open_store(db)
         try:
@@ -66,6 +69,17 @@ def _summary(con, run_id: int) -> None:
         shown = f"{steps[0]}-{steps[-1]}" if steps and steps[0] is not None else "none"
         table.add_row(str(rank), host or "", shown, _ms(median_ns), _ms(max_ns))
     Console(stderr=True).print(table)
+
+
+def _reduced_summary(run_dir: Path) -> None:
+    """How many traces the ranks reduced, and to what size (a failed reduce was warned about by its rank)."""
+    traces = list(run_dir.glob("traces/iteration_*/rank*.json.gz"))
+    reduced = [d for d in run_dir.glob("traces/iteration_*/rank*.reduced") if (d / "manifest.json").exists()]
+    trace_bytes = sum(p.stat().st_size for p in traces)
+    reduced_bytes = sum(f.stat().st_size for d in reduced for f in d.iterdir())
+    ratio = f", 1/{trace_bytes / reduced_bytes:,.0f} of the traces" if reduced_bytes else ""
+    typer.echo(f"bprof: {len(reduced)} of {len(traces)} traces reduced ({reduced_bytes / 1e3:,.1f} kB{ratio}); "
+               f"to ingest them instead of the traces: bprof ingest --reduced {run_dir}", err=True)
 
 
 def _ms(ns) -> str:

@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ class RecordOptions:
     memory: bool = False
     execution_trace: bool = False
     model_flops: float | None = None
+    reduce: bool = False  # each rank runs `bprof reduce` on each window's trace (rank<R>.reduced beside it)
     trigger_steps: int = 3  # steps an on-demand (SIGUSR1) window captures
     extra_env: dict = field(default_factory=dict)
 
@@ -100,7 +102,7 @@ def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
         "BPROF_RUN_ID": run_id,
         "BPROF_STEPS": options.steps,
         "BPROF_OPTIONS": json.dumps({"memory": options.memory, "execution_trace": options.execution_trace,
-                                     "model_flops": options.model_flops}),
+                                     "model_flops": options.model_flops, "reduce": options.reduce}),
         "BPROF_COMMAND": json.dumps(list(options.command)),
         "BPROF_GIT_SHA": _git("rev-parse", "HEAD"),
         "BPROF_GIT_BRANCH": _git("rev-parse", "--abbrev-ref", "HEAD"),
@@ -108,6 +110,7 @@ def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
     if single:  # plain `python train.py`: the one process is rank 0
         env["BPROF_SINGLE_PROCESS"] = "1"
     env.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+    env.setdefault("BPROF_PYTHON", sys.executable)  # runs the ranks' `bprof reduce`: bprof's own interpreter
     env.update(options.extra_env)
     return env
 

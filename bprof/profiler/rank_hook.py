@@ -8,6 +8,8 @@ optimizer step. At each window's end the rank writes:
   traces/iteration_<start>/rank<R>.json.gz   the Kineto trace (bprof metadata embedded)
   meta/iteration_<start>/rank<R>.fr.json     Flight Recorder entries of the window (group, seq)
   meta/rank<R>.json                          per-rank metadata, rewritten after every window
+  traces/iteration_<start>/rank<R>.reduced/  with --reduce: `bprof reduce` of the trace, made by a
+                                             child process while training goes on
 Configuration comes from the environment the launcher sets (see launcher.py).
 """
 
@@ -27,6 +29,8 @@ from pathlib import Path
 from bprof.profiler.windows import Window, parse_windows, triggered_window
 
 _recorder = None  # the process's Recorder, once installed
+REDUCE_THREADS = 2  # DuckDB threads of a rank's reduce, which runs beside its training
+REDUCE_TIMEOUT_S = float(os.environ.get("BPROF_REDUCE_TIMEOUT_S", "600"))  # at exit, per reduce still running
 
 
 def install() -> None:
@@ -68,6 +72,7 @@ class Recorder:
         self.trigger_mtime = None
         self.run_id_shared = False
         self._gc_ranges: list = []
+        self._reducing: list = []  # (trace, Popen) of --reduce children not yet waited for
         self._previous_sigterm = None
         self._stopping = False
         self._pending_signal = None
@@ -201,12 +206,56 @@ class Recorder:
                               "t1_ns": t1_ns + self.clock_shift_ns, "partial": partial,
                               "flight_recorder_entries": num_fr})
         self._write_meta()
+        if self.options.get("reduce") and not partial:  # a dying rank has no time to wait for it
+            self._start_reduce(trace)
 
     def close(self) -> None:
-        """At exit: a window still open is written as a partial window."""
+        """At exit: a window still open is written as a partial window; --reduce children are waited for."""
         if self.prof is not None:
             self.notes.append(f"window {self.window} ended early (the script stopped at iteration {self.iteration})")
             self._stop(partial=True)
+        if self._reducing:
+            self._wait_reduces()
+            self._write_meta()
+
+    # -- bprof record --reduce ----------------------------------------------------------------
+    def _start_reduce(self, trace: Path) -> None:
+        """Reduce the window's trace beside it in a child process: training goes on meanwhile, and a
+        failing reduce cannot harm the rank or its trace."""
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k != "BPROF_RUN_DIR"}  # keeps bprof's hook inert there
+        cmd = [os.environ.get("BPROF_PYTHON") or sys.executable, "-m", "bprof.cli.main", "reduce", str(trace),
+               "--threads", str(REDUCE_THREADS)]
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+        except OSError as exc:
+            self._reduce_failed(trace, f"{type(exc).__name__}: {exc}")
+            return
+        self._reducing.append((trace, proc))
+
+    def _wait_reduces(self) -> None:
+        import subprocess
+
+        for trace, proc in self._reducing:
+            try:
+                _, err = proc.communicate(timeout=REDUCE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                self._reduce_failed(trace, f"still running after {REDUCE_TIMEOUT_S:.0f} s, stopped")
+                continue
+            if proc.returncode != 0:
+                lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+                self._reduce_failed(trace, lines[-1] if lines else f"exit code {proc.returncode}")
+        self._reducing = []
+
+    def _reduce_failed(self, trace: Path, why: str) -> None:
+        note = (f"bprof reduce of {trace.name} failed ({why}); the trace is complete, reduce it by hand: "
+                f"bprof reduce {trace}")
+        self.notes.append(note)
+        print(f"bprof: rank {self.rank}: warning: {note}", file=sys.stderr)
 
     def _on_sigterm(self, signum, frame) -> None:
         """The launcher stops the survivors when a peer dies: keep their open window, then die as asked."""
