@@ -17,7 +17,7 @@ import statistics
 import duckdb
 import numpy as np
 
-from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for
+from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
 from bprof.analyzers.counterfactual import StepGraph, exit_offsets, replay, work_segments
 
 NAME = "stragglers"
@@ -30,10 +30,10 @@ MIN_LINK_RATIO = 1.5  # inter-host transfers this much slower than elsewhere mak
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
     run_sql(con, "stragglers.sql", run_id)
     result = Result(NAME, TABLES)
-    graphs, roles = _step_graphs(con, run_id)
-    if not graphs:
+    steps = _step_graphs(con, run_id)
+    if not steps:
         return result
-    job_steps = [replay(g).step_ns for g in graphs.values()]
+    job_steps = [s.step_ns for s in steps.values()]
     median_step = statistics.median(job_steps)
     mad = statistics.median(abs(s - median_step) for s in job_steps)
     threshold = max(0.02 * median_step, 3 * mad)
@@ -42,7 +42,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
         """SELECT rank, host, imposed_wait_ns, last_frac, compute_ns, host_busy_ns, transfer_ratio, score
            FROM stragglers_ranks WHERE run_id = ?""", [run_id]).fetchall()}
     candidates = [r for r, *_ in sorted(stats.values(), key=lambda s: -s[2]) if stats[r][2] > 0][:MAX_CANDIDATES]
-    lost = {r: _lost(graphs, roles, {r}) for r in candidates}
+    lost = {r: _lost(steps, {r}) for r in candidates}
     medians = _medians(stats)
     for rank, ns in lost.items():
         flagged = ns >= threshold
@@ -50,72 +50,131 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
         con.execute("UPDATE stragglers_ranks SET lost_ns = ?, flagged = ?, cause = ? WHERE run_id = ? AND rank = ?",
                     [ns, flagged, cause, run_id, rank])
         if flagged:
-            result.findings.append(_rank_finding(rank, stats[rank], ns, cause, median_step, threshold, sorted(graphs)))
-    result.findings += _host_findings(graphs, roles, stats, lost, threshold, median_step)
-    result.findings += _link_findings(con, run_id, graphs, threshold, median_step)
+            result.findings.append(_rank_finding(rank, stats[rank], ns, cause, median_step, threshold, sorted(steps)))
+    result.findings += _host_findings(steps, stats, lost, threshold, median_step)
+    result.findings += _link_findings(con, run_id, steps, threshold, median_step)
     return result
 
 
-def _step_graphs(con: duckdb.DuckDBPyConnection, run_id: int) -> tuple[dict[int, StepGraph], dict[int, list[str]]]:
-    """Per step, the replay graph of its complete instances, and the role (op/group size) of each of
-    its member rows."""
-    members = con.execute("""
-        SELECT step, instance_id, rank, arrival_aligned_ns, end_aligned_ns, role FROM _st_members
-        ORDER BY step, rank, arrival_aligned_ns, instance_id""").fetchnumpy()
+def _step_graphs(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, "_Step"]:
+    """Per step, the replay graph of its complete instances with each member row's role (op/group
+    size), ready to price sets of ranks."""
+    members = con.execute("SELECT step, instance_id, rank, arrival_aligned_ns, end_aligned_ns, role_id FROM _st_members").fetchnumpy()
     spans = con.execute("""
-        SELECT s.step, s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0), s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0)
+        SELECT s.step, s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
+            s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
         FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
-        WHERE s.run_id = ? AND s.step >= 0 ORDER BY s.step, s.rank""", [run_id]).fetchall()
-    by_step: dict[int, list] = {}
-    for step, rank, start, end in spans:
-        by_step.setdefault(step, []).append((rank, start, end))
-    role_of = dict(zip(zip(np.asarray(members["instance_id"]).tolist(), np.asarray(members["rank"]).tolist()),
-                       np.asarray(members["role"]).tolist()))
-    graphs, roles = {}, {}
-    steps = np.asarray(members["step"])
-    for step, rows in by_step.items():
-        sel = steps == step
-        if not sel.any():
+        WHERE s.run_id = ? AND s.step >= 0""", [run_id]).fetchnumpy()
+    columns = {k: np.asarray(v) for k, v in members.items()}
+    spans = {k: np.asarray(v) for k, v in spans.items()}
+    stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
+                             [run_id]).fetchall()) if table_exists(con, "bubbles_stages") else {}
+    span_step = spans["step"]
+    out = {}
+    for step in np.unique(span_step).tolist():
+        sel = np.flatnonzero(columns["step"] == step)
+        if not len(sel):
             continue
-        g = StepGraph.build(np.asarray(members["instance_id"])[sel], np.asarray(members["rank"])[sel],
-                            np.asarray(members["arrival_aligned_ns"])[sel], np.asarray(members["end_aligned_ns"])[sel],
-                            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
-        graphs[step] = g
-        roles[step] = [role_of[(g.instance_ids[k], r)] for k, r in zip(g.instance.tolist(), g.rank.tolist())]
-    return graphs, roles
+        at = span_step == step
+        g = StepGraph.build(columns["instance_id"][sel], columns["rank"][sel], columns["arrival_aligned_ns"][sel],
+                            columns["end_aligned_ns"][sel], spans["rank"][at], spans["start_ns"][at], spans["end_ns"][at])
+        stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
+        out[step] = _Step(g, columns["role_id"][sel][g.source_row].astype(np.int64), stages)
+    return out
 
 
-def _lost(graphs: dict[int, StepGraph], roles: dict[int, list[str]], ranks: set[int]) -> int:
+class _Step:
+    """One step's graph and what pricing a set of ranks needs, computed once: each member row's key
+    (the rank's role signature, the row's role, and which occurrence of that role on the rank it
+    is), the rows sorted by key and work, and each row's position there.
+
+    Ranks share a role signature when they sit at the same pipeline stage (bubbles_stages; middle
+    stages of 1F1B join the same collectives in another order) and join the same collectives in a
+    step (the same count of each op and group size: one layer of the parallel layout). The
+    work before a rank's j-th collective of a kind is compared with the work before the j-th of that
+    kind on the ranks of its signature (chain order can differ between ranks when several
+    collectives are in flight), and the tail after the last one with their tails."""
+
+    def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray):
+        self.g = g
+        self.work, self.tail = work_segments(g)
+        self.step_ns = replay(g, self.work, self.tail).step_ns
+        n, num_spans = len(g.rank), len(g.span_rank)
+        roles = int(role.max()) + 1 if n else 1
+        # occurrence: rows of one (rank, role) in chain order (build() sorts rows by rank, then chain)
+        key = g.row_span * roles + role
+        by_key = np.argsort(key, kind="stable")
+        sorted_key = key[by_key]
+        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        occurrence = np.empty(n, dtype=np.int64)
+        occurrence[by_key] = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+        # signature: per rank, the count of each role (a dict over ranks x roles, not over rows)
+        counts = np.diff(np.r_[starts, n])
+        signature: dict[int, list] = {}
+        for k, c in zip(sorted_key[starts].tolist(), counts.tolist()):
+            signature.setdefault(k // roles, []).append((k % roles, c))
+        ids: dict[tuple, int] = {}
+        self.sig = np.array([ids.setdefault((st, *signature.get(i, ())), len(ids)) for i, st in enumerate(stage.tolist())],
+                            dtype=np.int64)
+        occurrences = int(occurrence.max()) + 1 if n else 1
+        group = (self.sig[g.row_span] * roles + role) * occurrences + occurrence
+        self.order = np.lexsort((self.work, group))  # rows by (key, work)
+        self.sorted_work = self.work[self.order]
+        sorted_group = group[self.order]
+        group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if n else np.zeros(0, dtype=np.int64)
+        first = np.repeat(group_start, np.diff(np.r_[group_start, n]))
+        self.group_first = np.empty(n, dtype=np.int64)  # sorted position of the row's key's first row
+        self.group_first[self.order] = first
+        self.group_size = np.empty(n, dtype=np.int64)
+        self.group_size[self.order] = np.repeat(np.diff(np.r_[group_start, n]), np.diff(np.r_[group_start, n]))
+        self.position = np.empty(n, dtype=np.int64)  # sorted position of the row
+        self.position[self.order] = np.arange(n)
+
+    def gain(self, ranks: set[int]) -> int:
+        """How much shorter the step is when `ranks` work like the median of the other ranks of their
+        signature (a rank whose signature nobody else has keeps its own work)."""
+        g = self.g
+        chosen = np.isin(g.span_rank, list(ranks))
+        rows = np.flatnonzero(chosen[g.row_span])
+        if not len(rows):
+            return 0
+        new_work, new_tail = self.work.copy(), self.tail.copy()
+        # Per chosen row, the median of its key's rows without the chosen ranks' rows: walk the
+        # sorted key from its first row, skipping the chosen rows' positions (ascending).
+        excluded = np.sort(self.position[rows])
+        left = self.group_size[rows] - self._excluded_in_group(rows, excluded)
+        keep = left > 0
+        rows, left = rows[keep], left[keep]
+        lo = self._nth_unexcluded(rows, (left - 1) // 2, excluded)
+        hi = self._nth_unexcluded(rows, left // 2, excluded)
+        new_work[rows] = ((self.sorted_work[lo] + self.sorted_work[hi]) / 2).astype(np.int64)
+        for sig in np.unique(self.sig[chosen]).tolist():
+            peers = (self.sig == sig) & ~chosen
+            if peers.any():
+                new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
+        return self.step_ns - replay(g, new_work, new_tail).step_ns
+
+    def _excluded_in_group(self, rows: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+        first = self.group_first[rows]
+        return np.searchsorted(excluded, first + self.group_size[rows]) - np.searchsorted(excluded, first)
+
+    def _nth_unexcluded(self, rows: np.ndarray, nth: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+        """Sorted position of the nth row of each row's key that is not excluded: start at first + nth
+        and step past every excluded position at or before it (few: the chosen ranks' rows)."""
+        pos = self.group_first[rows] + nth
+        skipped = np.searchsorted(excluded, self.group_first[rows])  # excluded positions before the key
+        while True:
+            behind = np.searchsorted(excluded, pos, side="right") - skipped  # excluded in [first, pos]
+            target = self.group_first[rows] + nth + behind
+            if np.array_equal(target, pos):
+                return pos
+            pos = target
+
+
+def _lost(steps: dict[int, "_Step"], ranks: set[int]) -> int:
     """Median over steps of how much shorter the job's step is when `ranks` work like the median rank
-    of their role. Ranks share a role when they join the same collectives in a step (the same count
-    of each op and group size: the ranks of one pipeline stage, one layer of the parallel layout).
-    The work before a rank's j-th collective of a kind takes the median over the role's other ranks
-    of the work before their j-th of that kind (chain order can differ between ranks when several
-    collectives are in flight), and the tail after the last one the median of their tails; a rank
-    whose role nobody else plays keeps its own work."""
-    gains = []
-    for step, g in graphs.items():
-        work, tail = work_segments(g)
-        labels = roles[step]
-        occurrence: dict[int, dict[tuple[str, int], int]] = {}
-        seen: dict[tuple[int, str], int] = {}
-        for i, r in enumerate(g.rank.tolist()):
-            j = seen.get((r, labels[i]), 0)
-            seen[(r, labels[i])] = j + 1
-            occurrence.setdefault(r, {})[(labels[i], j)] = i
-        signature = {r: frozenset(occ) for r, occ in occurrence.items()}
-        tail_of = dict(zip(g.span_rank.tolist(), tail.tolist()))
-        span_index = {r: k for k, r in enumerate(g.span_rank.tolist())}
-        new_work, new_tail = work.copy(), tail.copy()
-        for r in ranks & occurrence.keys():
-            peers = [q for q in occurrence if q not in ranks and signature[q] == signature[r]]
-            if not peers:
-                continue
-            for key, i in occurrence[r].items():
-                new_work[i] = int(statistics.median(work[occurrence[q][key]] for q in peers))
-            new_tail[span_index[r]] = int(statistics.median(tail_of[q] for q in peers))
-        gains.append(replay(g).step_ns - replay(g, new_work, new_tail).step_ns)
-    return _summarise(gains)
+    of their role (see _Step), summarised by _summarise."""
+    return _summarise([s.gain(ranks) for s in steps.values()])
 
 
 CONSISTENT_FRAC = 0.75  # of the steps must gain at least half the median gain
@@ -175,7 +234,7 @@ def _rank_finding(rank: int, s, lost_ns: int, cause: str, median_step: float, th
         lost_ns, {"ranks": [rank], "steps": steps, "host": host, "cause": cause})
 
 
-def _host_findings(graphs, roles, stats, lost: dict, threshold: float, median_step: float) -> list[Finding]:
+def _host_findings(steps: dict[int, _Step], stats, lost: dict, threshold: float, median_step: float) -> list[Finding]:
     """A slow host rather than one slow worker: all its ranks together cost clearly more than its
     worst one. Candidates: the hosts whose ranks impose the most wait."""
     hosts: dict[str, set[int]] = {}
@@ -190,7 +249,7 @@ def _host_findings(graphs, roles, stats, lost: dict, threshold: float, median_st
         ranks = hosts[host]
         if imposed[host] <= 0:
             continue
-        host_lost = _lost(graphs, roles, ranks)
+        host_lost = _lost(steps, ranks)
         best_single = max((lost.get(r) or 0) for r in ranks)
         if host_lost >= threshold and host_lost > 1.5 * best_single:
             cause = _host_cause([stats[r] for r in ranks], _medians(stats))
@@ -200,7 +259,7 @@ def _host_findings(graphs, roles, stats, lost: dict, threshold: float, median_st
                 _HOST_ADVICE[cause],
                 f"Counterfactual: every rank of {host} works like the median rank of its role elsewhere; the step gets "
                 f"{host_lost / 1e6:.2f} ms shorter, against {best_single / 1e6:.2f} ms for its worst single rank.",
-                host_lost, {"ranks": sorted(ranks), "steps": sorted(graphs), "host": host, "cause": cause}))
+                host_lost, {"ranks": sorted(ranks), "steps": sorted(steps), "host": host, "cause": cause}))
     return out
 
 
@@ -217,7 +276,7 @@ def _host_cause(rows: list, medians: dict) -> str:
     return "device" if device >= host else "host"
 
 
-def _link_findings(con, run_id: int, graphs: dict[int, StepGraph], threshold: float, median_step: float) -> list[Finding]:
+def _link_findings(con, run_id: int, steps: dict[int, _Step], threshold: float, median_step: float) -> list[Finding]:
     """Slow links: inter-host transfers touching a host are slower than the same op and size between
     other hosts. A group spanning two hosts cannot tell which end is slow, so a host's ratio is the
     lowest over the (op, size) classes it takes part in: only a host slow in every class stands out."""
@@ -248,12 +307,14 @@ def _link_findings(con, run_id: int, graphs: dict[int, StepGraph], threshold: fl
                 WHERE m2.run_id = ? GROUP BY m2.instance_id HAVING count(DISTINCT r2.host) > 1)
               AND r.host = ?""", [run_id, run_id, host]).fetchall()}
         gains = []
-        for g in graphs.values():
+        slowed_ids = np.fromiter(slowed, dtype=np.int64, count=len(slowed))
+        for st in steps.values():
+            g = st.g
             exits = exit_offsets(g)
             faster = exits.copy()
-            touched = np.array([g.instance_ids[k] in slowed for k in g.instance.tolist()], dtype=bool)
+            touched = np.isin(g.instance_ids, slowed_ids)[g.instance]
             faster[touched] = (exits[touched] / ratio).astype(np.int64)
-            gains.append(replay(g).step_ns - replay(g, exit_after_ns=faster).step_ns)
+            gains.append(st.step_ns - replay(g, st.work, st.tail, exit_after_ns=faster).step_ns)
         link_lost = _summarise(gains)
         if link_lost >= threshold:
             out.append(Finding(
@@ -264,5 +325,5 @@ def _link_findings(con, run_id: int, graphs: dict[int, StepGraph], threshold: fl
                 f"{ratio:.2f}); the step gets {link_lost / 1e6:.2f} ms shorter.",
                 link_lost, {"ranks": sorted(r for (r,) in con.execute(
                     "SELECT rank FROM ranks WHERE run_id = ? AND host = ?", [run_id, host]).fetchall()),
-                    "steps": sorted(graphs), "host": host, "cause": "link"}))
+                    "steps": sorted(steps), "host": host, "cause": "link"}))
     return out

@@ -18,7 +18,7 @@ COMMENT ON COLUMN stragglers_ranks.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN stragglers_ranks.rank IS 'Global rank.';
 COMMENT ON COLUMN stragglers_ranks.host IS 'Host of the rank.';
 COMMENT ON COLUMN stragglers_ranks.num_instances IS 'Complete collective and p2p instances the rank joined (aligned clocks).';
-COMMENT ON COLUMN stragglers_ranks.num_last IS 'Of those, how many it arrived at last (ties: none is last).';
+COMMENT ON COLUMN stragglers_ranks.num_last IS 'Of those, how many it arrived at last (collperf_instances.last_rank: the lowest rank on a tie).';
 COMMENT ON COLUMN stragglers_ranks.last_frac IS 'num_last / num_instances.';
 COMMENT ON COLUMN stragglers_ranks.imposed_wait_ns IS 'Per step (median over steps), the waits of its peers at the instances it arrived at last.';
 COMMENT ON COLUMN stragglers_ranks.compute_ns IS 'Median per step of its compute time (compute + overlapped communication of the breakdown).';
@@ -29,29 +29,37 @@ COMMENT ON COLUMN stragglers_ranks.lost_ns IS 'How much shorter the job''s step 
 COMMENT ON COLUMN stragglers_ranks.flagged IS 'lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the step time).';
 COMMENT ON COLUMN stragglers_ranks.cause IS 'For flagged ranks: device (its compute exceeds the median rank''s by more than its host-side time does) or host.';
 
+-- Algorithm (scale: 20 million member rows per step at 10,240 ranks, so no window over members):
+-- a role is a small integer, numbered per (op, group size) over the instances and split by side
+-- for send/recv; who arrived last at an instance and the waits it imposed come from
+-- collperf_instances (last_rank, wait_ns), computed there in one pass.
+CREATE OR REPLACE TEMP TABLE _st_instances AS
+WITH kinds AS (
+    SELECT op, group_size, CAST(row_number() OVER (ORDER BY op, group_size) AS INTEGER) AS kind
+    FROM (SELECT DISTINCT op, group_size FROM match_instances WHERE run_id = $run_id AND status = 'complete')
+)
+SELECT i.instance_id, i.step, i.is_p2p, i.src_rank, k.kind
+FROM match_instances i JOIN kinds k ON k.op = i.op AND k.group_size IS NOT DISTINCT FROM i.group_size
+WHERE i.run_id = $run_id AND i.status = 'complete';
+
 CREATE OR REPLACE TEMP TABLE _st_members AS
-SELECT m.instance_id, m.rank, i.step, i.is_p2p,
-    -- what the member does: its op (a send and a recv are different roles) and the group size
-    CASE WHEN i.is_p2p THEN CASE WHEN m.rank = i.src_rank THEN 'send' ELSE 'recv' END ELSE i.op END
-        || '/' || coalesce(CAST(i.group_size AS VARCHAR), '?') AS role,
-    m.arrival_aligned_ns, m.end_aligned_ns,
-    max(m.arrival_aligned_ns) OVER (PARTITION BY m.instance_id) AS last_arrival_ns,
-    count(*) OVER (PARTITION BY m.instance_id, m.arrival_aligned_ns) AS num_at_time
-FROM match_members m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
-WHERE m.run_id = $run_id AND i.status = 'complete' AND m.arrival_aligned_ns IS NOT NULL;
+SELECT m.instance_id, m.rank, i.step,
+    -- what the member does: its op and group size; a send and a recv are different roles
+    2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS role_id,
+    m.arrival_aligned_ns, m.end_aligned_ns
+FROM match_members m JOIN _st_instances i USING (instance_id)
+WHERE m.run_id = $run_id AND m.arrival_aligned_ns IS NOT NULL;
 
 INSERT INTO stragglers_ranks
 WITH last AS (
-    -- Algorithm: a member is last when it alone arrived at the latest arrival; its peers' waits
-    -- (latest arrival - their arrival) are the wait it imposed.
-    SELECT instance_id, step, any_value(rank) FILTER (WHERE arrival_aligned_ns = last_arrival_ns AND num_at_time = 1) AS last_rank,
-        sum(last_arrival_ns - arrival_aligned_ns) AS peers_wait_ns
-    FROM _st_members GROUP BY instance_id, step
+    SELECT c.instance_id, c.step, c.last_rank, c.wait_ns AS peers_wait_ns
+    FROM collperf_instances c WHERE c.run_id = $run_id AND c.instance_id IN (SELECT instance_id FROM _st_instances)
 ), per_rank AS (
-    SELECT m.rank, count(*) AS num_instances, count(*) FILTER (WHERE l.last_rank = m.rank) AS num_last
-    FROM _st_members m JOIN last l USING (instance_id) GROUP BY m.rank
+    SELECT rank, count(*) AS num_instances FROM _st_members GROUP BY rank
+), last_rank AS (
+    SELECT last_rank AS rank, count(*) AS num_last FROM last GROUP BY ALL
 ), imposed AS (
-    SELECT last_rank AS rank, step, sum(peers_wait_ns) AS wait_ns FROM last WHERE last_rank IS NOT NULL GROUP BY ALL
+    SELECT last_rank AS rank, step, sum(peers_wait_ns) AS wait_ns FROM last GROUP BY ALL
 ), imposed_med AS (
     SELECT rank, median(wait_ns) AS wait_ns FROM imposed GROUP BY rank
 ), bd AS (
@@ -64,12 +72,12 @@ WITH last AS (
 ), transfer_rank AS (
     SELECT m.rank, median(t.ratio) AS ratio FROM _st_members m JOIN transfer t USING (instance_id) GROUP BY m.rank
 )
-SELECT $run_id, r.rank, r.host, coalesce(p.num_instances, 0), coalesce(p.num_last, 0),
-    p.num_last / nullif(p.num_instances, 0),
+SELECT $run_id, r.rank, r.host, coalesce(p.num_instances, 0), coalesce(l.num_last, 0),
+    l.num_last / nullif(p.num_instances, 0),
     CAST(coalesce(i.wait_ns, 0) AS BIGINT), CAST(bd.compute_ns AS BIGINT), CAST(bd.host_ns AS BIGINT), t.ratio,
     (SELECT median(compute_ns) FROM bd) / nullif(bd.compute_ns, 0),
     NULL, false, NULL
 FROM ranks r
-LEFT JOIN per_rank p USING (rank) LEFT JOIN imposed_med i USING (rank) LEFT JOIN bd USING (rank)
-LEFT JOIN transfer_rank t USING (rank)
+LEFT JOIN per_rank p USING (rank) LEFT JOIN last_rank l USING (rank) LEFT JOIN imposed_med i USING (rank)
+LEFT JOIN bd USING (rank) LEFT JOIN transfer_rank t USING (rank)
 WHERE r.run_id = $run_id;

@@ -65,7 +65,7 @@ def test_straggler_cost_agrees_with_the_synthetic_resimulation_without_it(tmp_pa
         assert base.end_ns.tolist() == ends  # exact on unchanged work
         work, _ = work_segments(g)
         like_peers = work.copy()
-        for members in g.rows_by_instance:
+        for members in map(g.members, range(len(g.instance_ids))):
             mine = [i for i in members.tolist() if g.rank[i] == slow]
             peers = [work[i] for i in members.tolist() if g.rank[i] != slow]
             if mine and peers:
