@@ -294,15 +294,26 @@ FROM calls JOIN timeline_spans s ON s.run_id = $run_id AND s.rank = calls.rank
 
 CREATE OR REPLACE TEMP TABLE _bd_call_union AS SELECT * FROM iv_union('_bd_calls');
 
+-- Algorithm: a dimension's exposed time is the overlap of its calls' union with the exposed_comm
+-- segments, found by an equi-join on (rank, step, 1 ms time bucket): each interval is listed in
+-- every bucket it touches and overlaps are clipped to the bucket, so each is counted once. Joining
+-- on (rank, step) alone compares every call with every segment of its step (2,000 x 2,000 pairs
+-- per rank-step at scale: 36 s at 1,024 ranks against 3.5 s bucketed).
 INSERT INTO breakdown_dims
 WITH total AS (
     SELECT key, sum(end_ns - ts_ns) AS comm_ns FROM _bd_call_union GROUP BY key
+), ub AS (
+    SELECT key, ts_ns, end_ns, unnest(range(ts_ns // 1000000, (end_ns - 1) // 1000000 + 1)) AS bucket FROM _bd_call_union
+), xb AS (
+    SELECT rank, step, ts_ns, end_ns, unnest(range(ts_ns // 1000000, (end_ns - 1) // 1000000 + 1)) AS bucket
+    FROM _bd_seg WHERE label = 'exposed_comm' AND end_ns > ts_ns
 ), exposed AS (
-    SELECT u.key, sum(least(u.end_ns, x.end_ns) - greatest(u.ts_ns, x.ts_ns)) AS exposed_ns
-    FROM _bd_call_union u JOIN _bd_seg x
-      ON x.rank = u.key.rank AND x.step = u.key.step AND x.label = 'exposed_comm'
-     AND x.ts_ns < u.end_ns AND x.end_ns > u.ts_ns
-    GROUP BY u.key
+    SELECT key, sum(overlap_ns) AS exposed_ns FROM (
+        SELECT ub.key, least(ub.end_ns, xb.end_ns, (ub.bucket + 1) * 1000000)
+                       - greatest(ub.ts_ns, xb.ts_ns, ub.bucket * 1000000) AS overlap_ns
+        FROM ub JOIN xb ON xb.rank = ub.key.rank AND xb.step = ub.key.step AND xb.bucket = ub.bucket
+         AND xb.ts_ns < ub.end_ns AND xb.end_ns > ub.ts_ns)
+    WHERE overlap_ns > 0 GROUP BY key
 )
 SELECT $run_id, t.key.rank, t.key.step, t.key.dim, CAST(t.comm_ns AS BIGINT), CAST(coalesce(e.exposed_ns, 0) AS BIGINT)
 FROM total t LEFT JOIN exposed e USING (key);
