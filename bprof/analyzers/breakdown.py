@@ -2,7 +2,7 @@
 parallel dimension, and findings for exposed communication and idle time.
 
 Reads timeline_spans, events, collectives, and collperf_waits when cross-rank analysis ran (to split
-exposed communication into waiting for the last peer and transfer: breakdown_waits.sql); writes
+exposed communication into waiting for the last peer and transfer: waits.py); writes
 breakdown_steps, breakdown_ranks, breakdown_groups, breakdown_dims, breakdown_idle_gaps
 (definitions in breakdown.sql).
 """
@@ -13,6 +13,7 @@ import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
 from bprof.analyzers.classes import load_classes
+from bprof.analyzers.waits import split_waits
 
 NAME = "breakdown"
 TABLES = ["breakdown_steps", "breakdown_ranks", "breakdown_groups", "breakdown_dims", "breakdown_idle_gaps"]
@@ -23,7 +24,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     run_sql(con, "intervals.sql", run_id)
     run_sql(con, "breakdown.sql", run_id)
     if _has_rows(con, "collperf_waits", run_id):
-        run_sql(con, "breakdown_waits.sql", run_id)
+        split_waits(con, run_id)
     return Result(NAME, TABLES, _findings(con, run_id))
 
 

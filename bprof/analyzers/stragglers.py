@@ -30,57 +30,73 @@ MIN_LINK_RATIO = 1.5  # inter-host transfers this much slower than elsewhere mak
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
     run_sql(con, "stragglers.sql", run_id)
     result = Result(NAME, TABLES)
-    steps = _step_graphs(con, run_id)
-    if not steps:
-        return result
-    job_steps = [s.step_ns for s in steps.values()]
-    median_step = statistics.median(job_steps)
-    mad = statistics.median(abs(s - median_step) for s in job_steps)
-    threshold = max(0.02 * median_step, 3 * mad)
-
     stats = {r[0]: r for r in con.execute(
         """SELECT rank, host, imposed_wait_ns, last_frac, compute_ns, host_busy_ns, transfer_ratio, score
            FROM stragglers_ranks WHERE run_id = ?""", [run_id]).fetchall()}
     candidates = [r for r, *_ in sorted(stats.values(), key=lambda s: -s[2]) if stats[r][2] > 0][:MAX_CANDIDATES]
-    lost = {r: _lost(steps, {r}) for r in candidates}
+    hosts = _host_candidates(stats)
+    links = _link_candidates(con, run_id)
+    # What to price is known before any step is replayed, so one step's graph is in memory at a time
+    # (20 million member rows per step at 10,240 ranks).
+    job_steps, gains = [], {}
+    for step in _steps(con, run_id):
+        job_steps.append(step.step_ns)
+        for r in candidates:
+            gains.setdefault(("rank", r), []).append(step.gain({r}))
+        for host, ranks in hosts.items():
+            gains.setdefault(("host", host), []).append(step.gain(ranks))
+        for host, (ratio, slowed) in links.items():
+            gains.setdefault(("link", host), []).append(step.link_gain(slowed, ratio))
+    if not job_steps:
+        return result
+    median_step = statistics.median(job_steps)
+    mad = statistics.median(abs(s - median_step) for s in job_steps)
+    threshold = max(0.02 * median_step, 3 * mad)
+    lost = {key: _summarise(g) for key, g in gains.items()}
+    steps = sorted(_analysed_steps(con, run_id))
     medians = _medians(stats)
-    for rank, ns in lost.items():
+    for rank in candidates:
+        ns = lost[("rank", rank)]
         flagged = ns >= threshold
         cause = _cause(stats[rank], medians) if flagged else None
         con.execute("UPDATE stragglers_ranks SET lost_ns = ?, flagged = ?, cause = ? WHERE run_id = ? AND rank = ?",
                     [ns, flagged, cause, run_id, rank])
         if flagged:
-            result.findings.append(_rank_finding(rank, stats[rank], ns, cause, median_step, threshold, sorted(steps)))
-    result.findings += _host_findings(steps, stats, lost, threshold, median_step)
-    result.findings += _link_findings(con, run_id, steps, threshold, median_step)
+            result.findings.append(_rank_finding(rank, stats[rank], ns, cause, median_step, threshold, steps))
+    single = {r: lost[("rank", r)] for r in candidates}
+    result.findings += _host_findings(hosts, stats, single, {h: lost[("host", h)] for h in hosts}, threshold, median_step, steps)
+    result.findings += _link_findings(con, run_id, {h: (links[h][0], lost[("link", h)]) for h in links}, threshold,
+                                      median_step, steps)
     return result
 
 
-def _step_graphs(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, "_Step"]:
-    """Per step, the replay graph of its complete instances with each member row's role (op/group
-    size), ready to price sets of ranks."""
-    members = con.execute("SELECT step, instance_id, rank, arrival_aligned_ns, end_aligned_ns, role_id FROM _st_members").fetchnumpy()
-    spans = con.execute("""
-        SELECT s.step, s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
-            s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
-        FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
-        WHERE s.run_id = ? AND s.step >= 0""", [run_id]).fetchnumpy()
-    columns = {k: np.asarray(v) for k, v in members.items()}
-    spans = {k: np.asarray(v) for k, v in spans.items()}
+def _analysed_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
+    """Steps with complete instances and spans: the steps the counterfactual replays."""
+    return [s for (s,) in con.execute("""
+        SELECT DISTINCT step FROM _st_members WHERE step IN (SELECT step FROM timeline_spans WHERE run_id = ? AND step >= 0)
+        ORDER BY step""", [run_id]).fetchall()]
+
+
+def _steps(con: duckdb.DuckDBPyConnection, run_id: int):
+    """Each step's replay graph of its complete instances with each member row's role (op/group
+    size), ready to price sets of ranks; one step at a time."""
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
                              [run_id]).fetchall()) if table_exists(con, "bubbles_stages") else {}
-    span_step = spans["step"]
-    out = {}
-    for step in np.unique(span_step).tolist():
-        sel = np.flatnonzero(columns["step"] == step)
-        if not len(sel):
-            continue
-        at = span_step == step
-        g = StepGraph.build(columns["instance_id"][sel], columns["rank"][sel], columns["arrival_aligned_ns"][sel],
-                            columns["end_aligned_ns"][sel], spans["rank"][at], spans["start_ns"][at], spans["end_ns"][at])
+    for step in _analysed_steps(con, run_id):
+        m = {k: np.asarray(v) for k, v in con.execute(
+            "SELECT instance_id, rank, arrival_aligned_ns, end_aligned_ns, role_id FROM _st_members WHERE step = ?",
+            [step]).fetchnumpy().items()}
+        spans = {k: np.asarray(v) for k, v in con.execute("""
+            SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
+                s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
+            FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
+            WHERE s.run_id = ? AND s.step = ?""", [run_id, step]).fetchnumpy().items()}
+        g = StepGraph.build(m["instance_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
+                            spans["rank"], spans["start_ns"], spans["end_ns"])
+        role = m["role_id"][g.source_row].astype(np.int64)
+        del m
         stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
-        out[step] = _Step(g, columns["role_id"][sel][g.source_row].astype(np.int64), stages)
-    return out
+        yield _Step(g, role, stages)
 
 
 class _Step:
@@ -154,6 +170,14 @@ class _Step:
                 new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
         return self.step_ns - replay(g, new_work, new_tail).step_ns
 
+    def link_gain(self, slowed_instances: np.ndarray, ratio: float) -> int:
+        """How much shorter the step is when the transfers of `slowed_instances` take 1/ratio as long."""
+        g = self.g
+        exits = exit_offsets(g)
+        touched = np.isin(g.instance_ids, slowed_instances)[g.instance]
+        exits[touched] = (exits[touched] / ratio).astype(np.int64)
+        return self.step_ns - replay(g, self.work, self.tail, exit_after_ns=exits).step_ns
+
     def _excluded_in_group(self, rows: np.ndarray, excluded: np.ndarray) -> np.ndarray:
         first = self.group_first[rows]
         return np.searchsorted(excluded, first + self.group_size[rows]) - np.searchsorted(excluded, first)
@@ -169,12 +193,6 @@ class _Step:
             if np.array_equal(target, pos):
                 return pos
             pos = target
-
-
-def _lost(steps: dict[int, "_Step"], ranks: set[int]) -> int:
-    """Median over steps of how much shorter the job's step is when `ranks` work like the median rank
-    of their role (see _Step), summarised by _summarise."""
-    return _summarise([s.gain(ranks) for s in steps.values()])
 
 
 CONSISTENT_FRAC = 0.75  # of the steps must gain at least half the median gain
@@ -234,32 +252,35 @@ def _rank_finding(rank: int, s, lost_ns: int, cause: str, median_step: float, th
         lost_ns, {"ranks": [rank], "steps": steps, "host": host, "cause": cause})
 
 
-def _host_findings(steps: dict[int, _Step], stats, lost: dict, threshold: float, median_step: float) -> list[Finding]:
-    """A slow host rather than one slow worker: all its ranks together cost clearly more than its
-    worst one. Candidates: the hosts whose ranks impose the most wait."""
+def _host_candidates(stats) -> dict[str, set[int]]:
+    """The hosts whose ranks impose the most wait (a slow host rather than one slow worker is priced
+    with all its ranks at once); none on a single-host run."""
     hosts: dict[str, set[int]] = {}
     for rank, s in stats.items():
         if s[1] is not None:
             hosts.setdefault(s[1], set()).add(rank)
     if len(hosts) < 2:
-        return []
+        return {}
     imposed = {h: sum(stats[r][2] or 0 for r in ranks) for h, ranks in hosts.items()}
+    return {h: hosts[h] for h in sorted(hosts, key=lambda h: -imposed[h])[:MAX_HOST_CANDIDATES] if imposed[h] > 0}
+
+
+def _host_findings(hosts: dict[str, set[int]], stats, single: dict, host_lost: dict, threshold: float,
+                   median_step: float, steps: list[int]) -> list[Finding]:
+    """A slow host: all its ranks together cost clearly more than its worst one."""
     out = []
-    for host in sorted(hosts, key=lambda h: -imposed[h])[:MAX_HOST_CANDIDATES]:
-        ranks = hosts[host]
-        if imposed[host] <= 0:
-            continue
-        host_lost = _lost(steps, ranks)
-        best_single = max((lost.get(r) or 0) for r in ranks)
-        if host_lost >= threshold and host_lost > 1.5 * best_single:
+    for host, ranks in hosts.items():
+        best_single = max((single.get(r) or 0) for r in ranks)
+        cost = host_lost[host]
+        if cost >= threshold and cost > 1.5 * best_single:
             cause = _host_cause([stats[r] for r in ranks], _medians(stats))
             out.append(Finding(
-                severity_for(host_lost, median_step),
-                f"Slow host: {host} ({len(ranks)} ranks, {cause}) costs {host_lost / 1e6:.2f} ms per step, more than any one of its ranks",
+                severity_for(cost, median_step),
+                f"Slow host: {host} ({len(ranks)} ranks, {cause}) costs {cost / 1e6:.2f} ms per step, more than any one of its ranks",
                 _HOST_ADVICE[cause],
                 f"Counterfactual: every rank of {host} works like the median rank of its role elsewhere; the step gets "
-                f"{host_lost / 1e6:.2f} ms shorter, against {best_single / 1e6:.2f} ms for its worst single rank.",
-                host_lost, {"ranks": sorted(ranks), "steps": sorted(steps), "host": host, "cause": cause}))
+                f"{cost / 1e6:.2f} ms shorter, against {best_single / 1e6:.2f} ms for its worst single rank.",
+                cost, {"ranks": sorted(ranks), "steps": steps, "host": host, "cause": cause}))
     return out
 
 
@@ -276,46 +297,66 @@ def _host_cause(rows: list, medians: dict) -> str:
     return "device" if device >= host else "host"
 
 
-def _link_findings(con, run_id: int, steps: dict[int, _Step], threshold: float, median_step: float) -> list[Finding]:
+def _link_candidates(con, run_id: int) -> dict[str, tuple[float, np.ndarray]]:
     """Slow links: inter-host transfers touching a host are slower than the same op and size between
     other hosts. A group spanning two hosts cannot tell which end is slow, so a host's ratio is the
-    lowest over the (op, size) classes it takes part in: only a host slow in every class stands out."""
-    rows = con.execute("""
-        WITH inst AS (
-            SELECT c.instance_id, c.op, c.bytes, c.transfer_ns, list(DISTINCT r.host) AS hosts
+    lowest over the (op, size) classes it takes part in: only a host slow in every class stands out.
+    Returns, for the hosts at or above MIN_LINK_RATIO (the highest MAX_HOST_CANDIDATES), the ratio
+    and the inter-host instances they join."""
+    pairs = {k: np.asarray(v) for k, v in con.execute("""
+        SELECT DISTINCT p.instance_id, p.host_id, p.class_id, p.transfer_ns FROM (
+            SELECT m.instance_id, dense_rank() OVER (ORDER BY r.host) AS host_id,
+                dense_rank() OVER (ORDER BY c.op, c.bytes) AS class_id, c.transfer_ns
             FROM collperf_instances c
-            JOIN match_members m ON m.run_id = c.run_id AND m.instance_id = c.instance_id
-            JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank
-            WHERE c.run_id = ? AND c.transfer_ns > 0 AND r.host IS NOT NULL
-            GROUP BY c.instance_id, c.op, c.bytes, c.transfer_ns HAVING count(DISTINCT r.host) > 1
-        ), classes AS (
-            SELECT h.host, i.op, i.bytes,
-                median(i.transfer_ns) FILTER (WHERE list_contains(i.hosts, h.host)) AS touching_ns,
-                median(i.transfer_ns) FILTER (WHERE NOT list_contains(i.hosts, h.host)) AS other_ns
-            FROM (SELECT DISTINCT unnest(hosts) AS host FROM inst) h, inst i GROUP BY ALL
-        )
-        SELECT host, min(touching_ns / other_ns) AS ratio FROM classes
-        WHERE touching_ns IS NOT NULL AND other_ns > 0 GROUP BY host ORDER BY ratio DESC""", [run_id]).fetchall()
-    out = []
-    for host, ratio in rows[:MAX_HOST_CANDIDATES]:
+            JOIN _st_members m USING (instance_id)
+            JOIN ranks r ON r.run_id = c.run_id AND r.rank = m.rank
+            WHERE c.run_id = ? AND c.spans_hosts AND c.transfer_ns > 0 AND r.host IS NOT NULL) p""",
+        [run_id]).fetchnumpy().items()}
+    if not len(pairs["instance_id"]):
+        return {}
+    host_names = dict(con.execute("""SELECT dense_rank() OVER (ORDER BY host), host FROM
+                                     (SELECT DISTINCT host FROM ranks WHERE run_id = ? AND host IS NOT NULL)""",
+                                  [run_id]).fetchall())
+    ratios = {}
+    for cls in np.unique(pairs["class_id"]).tolist():
+        sel = pairs["class_id"] == cls
+        inst, first = np.unique(pairs["instance_id"][sel], return_index=True)
+        values = pairs["transfer_ns"][sel][first]
+        order = np.argsort(values, kind="stable")
+        sorted_values, position = values[order], np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order))
+        where = np.searchsorted(inst, pairs["instance_id"][sel])
+        hosts = pairs["host_id"][sel]
+        by_host = np.argsort(hosts, kind="stable")
+        bounds = np.flatnonzero(np.r_[True, hosts[by_host][1:] != hosts[by_host][:-1], True])
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            touching = np.sort(position[where[by_host[lo:hi]]])
+            if len(touching) == len(sorted_values):
+                continue  # the host joins every instance of the class: nothing to compare with
+            other = _median_without(sorted_values, touching)
+            ratio = float(np.median(sorted_values[touching])) / other if other > 0 else 0.0
+            host = int(hosts[by_host[lo]])
+            ratios[host] = min(ratios.get(host, ratio), ratio)
+    out = {}
+    for host, ratio in sorted(ratios.items(), key=lambda kv: -kv[1])[:MAX_HOST_CANDIDATES]:
         if ratio < MIN_LINK_RATIO:
             break
-        slowed = {iid for (iid,) in con.execute("""
-            SELECT DISTINCT m.instance_id FROM match_members m JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank
-            WHERE m.run_id = ? AND m.instance_id IN (
-                SELECT m2.instance_id FROM match_members m2 JOIN ranks r2 ON r2.run_id = m2.run_id AND r2.rank = m2.rank
-                WHERE m2.run_id = ? GROUP BY m2.instance_id HAVING count(DISTINCT r2.host) > 1)
-              AND r.host = ?""", [run_id, run_id, host]).fetchall()}
-        gains = []
-        slowed_ids = np.fromiter(slowed, dtype=np.int64, count=len(slowed))
-        for st in steps.values():
-            g = st.g
-            exits = exit_offsets(g)
-            faster = exits.copy()
-            touched = np.isin(g.instance_ids, slowed_ids)[g.instance]
-            faster[touched] = (exits[touched] / ratio).astype(np.int64)
-            gains.append(st.step_ns - replay(g, st.work, st.tail, exit_after_ns=faster).step_ns)
-        link_lost = _summarise(gains)
+        out[host_names[host]] = (ratio, np.unique(pairs["instance_id"][pairs["host_id"] == host]))
+    return out
+
+
+def _median_without(sorted_values: np.ndarray, excluded: np.ndarray) -> float:
+    """The median of sorted_values without the (sorted, distinct) positions `excluded`."""
+    keep = np.ones(len(sorted_values), dtype=bool)
+    keep[excluded] = False
+    rest = sorted_values[keep]
+    return float((rest[(len(rest) - 1) // 2] + rest[len(rest) // 2]) / 2)
+
+
+def _link_findings(con, run_id: int, links: dict[str, tuple[float, int]], threshold: float, median_step: float,
+                   steps: list[int]) -> list[Finding]:
+    out = []
+    for host, (ratio, link_lost) in links.items():
         if link_lost >= threshold:
             out.append(Finding(
                 severity_for(link_lost, median_step),
@@ -325,5 +366,5 @@ def _link_findings(con, run_id: int, steps: dict[int, _Step], threshold: float, 
                 f"{ratio:.2f}); the step gets {link_lost / 1e6:.2f} ms shorter.",
                 link_lost, {"ranks": sorted(r for (r,) in con.execute(
                     "SELECT rank FROM ranks WHERE run_id = ? AND host = ?", [run_id, host]).fetchall()),
-                    "steps": sorted(steps), "host": host, "cause": "link"}))
+                    "steps": steps, "host": host, "cause": "link"}))
     return out
