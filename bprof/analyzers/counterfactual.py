@@ -119,8 +119,14 @@ def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None
         work = base_work if work is None else work
         tail = base_tail if tail is None else tail
     exit_after_ns = exit_offsets(g) if exit_after_ns is None else exit_after_ns
-    exits = _replay_exits(g.instance_ptr, g.span_by_instance, np.asarray(work, dtype=np.int64)[g.rows_by_instance],
-                          np.asarray(exit_after_ns, dtype=np.int64)[g.rows_by_instance], g.span_start_ns)
+    return replay_in_order(g, np.asarray(work, dtype=np.int64)[g.rows_by_instance],
+                           np.asarray(exit_after_ns, dtype=np.int64)[g.rows_by_instance], tail)
+
+
+def replay_in_order(g: StepGraph, work_in_order: np.ndarray, exit_after_in_order: np.ndarray, tail: np.ndarray) -> Replay:
+    """replay() with work and exits already in replay order (x[g.rows_by_instance]): a caller
+    replaying many variants of one step gathers once and changes a few entries per variant."""
+    exits = _replay_exits(g.instance_ptr, g.span_by_instance, work_in_order, exit_after_in_order, g.span_start_ns)
     ends = exits + np.asarray(tail, dtype=np.int64)
     step_ns = int(ends.max() - g.span_start_ns.min()) if len(ends) else 0
     return Replay(g.span_rank, ends, step_ns)

@@ -18,7 +18,7 @@ import duckdb
 import numpy as np
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
-from bprof.analyzers.counterfactual import StepGraph, exit_offsets, replay, work_segments
+from bprof.analyzers.counterfactual import StepGraph, exit_offsets, replay_in_order, work_segments
 
 NAME = "stragglers"
 TABLES = ["stragglers_ranks"]
@@ -39,7 +39,8 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     # What to price is known before any step is replayed, so one step's graph is in memory at a time
     # (20 million member rows per step at 10,240 ranks).
     job_steps, gains = [], {}
-    for step in _steps(con, run_id):
+    priced = set(candidates).union(*hosts.values())
+    for step in _steps(con, run_id, priced):
         job_steps.append(step.step_ns)
         for r in candidates:
             gains.setdefault(("rank", r), []).append(step.gain({r}))
@@ -77,7 +78,7 @@ def _analysed_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
         ORDER BY step""", [run_id]).fetchall()]
 
 
-def _steps(con: duckdb.DuckDBPyConnection, run_id: int):
+def _steps(con: duckdb.DuckDBPyConnection, run_id: int, priced: set[int]):
     """Each step's replay graph of its complete instances with each member row's role (op/group
     size), ready to price sets of ranks; one step at a time."""
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
@@ -96,7 +97,7 @@ def _steps(con: duckdb.DuckDBPyConnection, run_id: int):
         role = m["role_id"][g.source_row].astype(np.int64)
         del m
         stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
-        yield _Step(g, role, stages)
+        yield _Step(g, role, stages, priced)
 
 
 class _Step:
@@ -111,72 +112,84 @@ class _Step:
     kind on the ranks of its signature (chain order can differ between ranks when several
     collectives are in flight), and the tail after the last one with their tails."""
 
-    def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray):
+    def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
         self.g = g
         self.work, self.tail = work_segments(g)
-        self.step_ns = replay(g, self.work, self.tail).step_ns
+        self.work_in_order = self.work[g.rows_by_instance]
+        self.exit_in_order = exit_offsets(g)[g.rows_by_instance]
+        self.order_position = np.empty(len(g.rank), dtype=np.int64)  # each row's place in replay order
+        self.order_position[g.rows_by_instance] = np.arange(len(g.rank))
+        self.step_ns = replay_in_order(g, self.work_in_order, self.exit_in_order, self.tail).step_ns
         n, num_spans = len(g.rank), len(g.span_rank)
         roles = int(role.max()) + 1 if n else 1
-        # occurrence: rows of one (rank, role) in chain order (build() sorts rows by rank, then chain)
-        key = g.row_span * roles + role
+        # signature: per rank, its pipeline stage and the count of each role
+        counts = np.bincount(g.row_span * roles + role, minlength=num_spans * roles).reshape(num_spans, roles)
+        ids: dict[tuple, int] = {}
+        self.sig = np.array([ids.setdefault((st, *c), len(ids)) for st, c in zip(stage.tolist(), map(tuple, counts.tolist()))],
+                            dtype=np.int64)
+        # Only the rows of ranks that share a signature with a priced rank are ever compared: sort those.
+        wanted = np.isin(self.sig, self.sig[np.isin(g.span_rank, list(priced))])
+        self.rows = np.flatnonzero(wanted[g.row_span])  # ascending: by rank, then chain order
+        self.index = np.full(n, -1, dtype=np.int64)  # row -> index in self.rows
+        self.index[self.rows] = np.arange(len(self.rows))
+        m = len(self.rows)
+        sub_role, sub_span, sub_work = role[self.rows], g.row_span[self.rows], self.work[self.rows]
+        # occurrence: rows of one (rank, role) in chain order
+        key = sub_span * roles + sub_role
         by_key = np.argsort(key, kind="stable")
         sorted_key = key[by_key]
-        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if n else np.zeros(0, dtype=np.int64)
-        occurrence = np.empty(n, dtype=np.int64)
-        occurrence[by_key] = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
-        # signature: per rank, the count of each role (a dict over ranks x roles, not over rows)
-        counts = np.diff(np.r_[starts, n])
-        signature: dict[int, list] = {}
-        for k, c in zip(sorted_key[starts].tolist(), counts.tolist()):
-            signature.setdefault(k // roles, []).append((k % roles, c))
-        ids: dict[tuple, int] = {}
-        self.sig = np.array([ids.setdefault((st, *signature.get(i, ())), len(ids)) for i, st in enumerate(stage.tolist())],
-                            dtype=np.int64)
-        occurrences = int(occurrence.max()) + 1 if n else 1
-        group = (self.sig[g.row_span] * roles + role) * occurrences + occurrence
-        self.order = np.lexsort((self.work, group))  # rows by (key, work)
-        self.sorted_work = self.work[self.order]
-        sorted_group = group[self.order]
-        group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if n else np.zeros(0, dtype=np.int64)
-        first = np.repeat(group_start, np.diff(np.r_[group_start, n]))
-        self.group_first = np.empty(n, dtype=np.int64)  # sorted position of the row's key's first row
-        self.group_first[self.order] = first
-        self.group_size = np.empty(n, dtype=np.int64)
-        self.group_size[self.order] = np.repeat(np.diff(np.r_[group_start, n]), np.diff(np.r_[group_start, n]))
-        self.position = np.empty(n, dtype=np.int64)  # sorted position of the row
-        self.position[self.order] = np.arange(n)
+        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if m else np.zeros(0, dtype=np.int64)
+        occurrence = np.empty(m, dtype=np.int64)
+        occurrence[by_key] = np.arange(m) - np.repeat(starts, np.diff(np.r_[starts, m]))
+        occurrences = int(occurrence.max()) + 1 if m else 1
+        group = (self.sig[sub_span] * roles + sub_role) * occurrences + occurrence
+        order = np.lexsort((sub_work, group))  # rows by (key, work)
+        self.sorted_work = sub_work[order]
+        sorted_group = group[order]
+        group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if m else np.zeros(0, dtype=np.int64)
+        sizes = np.diff(np.r_[group_start, m])
+        self.group_first = np.empty(m, dtype=np.int64)  # sorted position of the row's key's first row
+        self.group_first[order] = np.repeat(group_start, sizes)
+        self.group_size = np.empty(m, dtype=np.int64)
+        self.group_size[order] = np.repeat(sizes, sizes)
+        self.position = np.empty(m, dtype=np.int64)  # sorted position of the row
+        self.position[order] = np.arange(m)
 
     def gain(self, ranks: set[int]) -> int:
         """How much shorter the step is when `ranks` work like the median of the other ranks of their
-        signature (a rank whose signature nobody else has keeps its own work)."""
+        signature (a rank whose signature nobody else has keeps its own work). `ranks` must be among
+        the ranks the step was built to price."""
         g = self.g
         chosen = np.isin(g.span_rank, list(ranks))
         rows = np.flatnonzero(chosen[g.row_span])
         if not len(rows):
             return 0
-        new_work, new_tail = self.work.copy(), self.tail.copy()
+        sub = self.index[rows]
+        if (sub < 0).any():
+            raise ValueError(f"ranks {sorted(ranks)} were not among the ranks this step was built to price")
+        work_in_order, new_tail = self.work_in_order.copy(), self.tail.copy()
         # Per chosen row, the median of its key's rows without the chosen ranks' rows: walk the
         # sorted key from its first row, skipping the chosen rows' positions (ascending).
-        excluded = np.sort(self.position[rows])
-        left = self.group_size[rows] - self._excluded_in_group(rows, excluded)
+        excluded = np.sort(self.position[sub])
+        left = self.group_size[sub] - self._excluded_in_group(sub, excluded)
         keep = left > 0
-        rows, left = rows[keep], left[keep]
-        lo = self._nth_unexcluded(rows, (left - 1) // 2, excluded)
-        hi = self._nth_unexcluded(rows, left // 2, excluded)
-        new_work[rows] = ((self.sorted_work[lo] + self.sorted_work[hi]) / 2).astype(np.int64)
+        rows, sub, left = rows[keep], sub[keep], left[keep]
+        lo = self._nth_unexcluded(sub, (left - 1) // 2, excluded)
+        hi = self._nth_unexcluded(sub, left // 2, excluded)
+        work_in_order[self.order_position[rows]] = ((self.sorted_work[lo] + self.sorted_work[hi]) / 2).astype(np.int64)
         for sig in np.unique(self.sig[chosen]).tolist():
             peers = (self.sig == sig) & ~chosen
             if peers.any():
                 new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
-        return self.step_ns - replay(g, new_work, new_tail).step_ns
+        return self.step_ns - replay_in_order(g, work_in_order, self.exit_in_order, new_tail).step_ns
 
     def link_gain(self, slowed_instances: np.ndarray, ratio: float) -> int:
         """How much shorter the step is when the transfers of `slowed_instances` take 1/ratio as long."""
         g = self.g
-        exits = exit_offsets(g)
-        touched = np.isin(g.instance_ids, slowed_instances)[g.instance]
+        exits = self.exit_in_order.copy()
+        touched = np.isin(g.instance_ids, slowed_instances)[g.instance[g.rows_by_instance]]
         exits[touched] = (exits[touched] / ratio).astype(np.int64)
-        return self.step_ns - replay(g, self.work, self.tail, exit_after_ns=exits).step_ns
+        return self.step_ns - replay_in_order(g, self.work_in_order, exits, self.tail).step_ns
 
     def _excluded_in_group(self, rows: np.ndarray, excluded: np.ndarray) -> np.ndarray:
         first = self.group_first[rows]
