@@ -43,6 +43,7 @@ class StepGraph:
     instance_position: np.ndarray  # position of each dense instance in instance_order
     instance_ids: np.ndarray  # the caller's id of each dense instance index
     source_row: np.ndarray  # for each member row, its index in the arrays given to build()
+    last_arrival_ns: np.ndarray  # per dense instance: its latest member arrival
 
     @classmethod
     def build(cls, instance, rank, arrival_ns, end_ns, span_rank, span_start_ns, span_end_ns) -> "StepGraph":
@@ -53,9 +54,7 @@ class StepGraph:
         span_rank = span_rank[by_rank]
         span_start = np.asarray(span_start_ns, dtype=np.int64)[by_rank]
         span_end = np.asarray(span_end_ns, dtype=np.int64)[by_rank]
-        ids, dense = np.unique(instance, return_inverse=True)
-        dense = dense.reshape(-1)
-        last = _instance_max(dense, arrival_ns)
+        ids, dense, last = _dense_instances(instance, arrival_ns)
         # Each rank's chain follows the order instances are replayed in (their last arrival), not its
         # own arrivals: with asynchronous collectives (several NCCL streams) a rank can arrive at B
         # before A completes; the chain then counts B's work from A's exit, which may be negative,
@@ -69,11 +68,9 @@ class StepGraph:
         instance_order = np.lexsort((np.arange(len(last)), last))
         position = np.empty(len(ids), dtype=np.int64)
         position[instance_order] = np.arange(len(ids))
-        by_inst = np.argsort(position[dense], kind="stable")
-        ptr = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(position[dense], minlength=len(ids)), out=ptr[1:])
+        by_inst, ptr = _counting_sort(position[dense], len(ids))
         return cls(dense, g_rank, g_arr, g_end, span_rank, span_start, span_end, row_span, instance_order,
-                   by_inst, ptr, row_span[by_inst], position, ids, order)
+                   by_inst, ptr, row_span[by_inst], position, ids, order, last)
 
 
     def members(self, k: int) -> np.ndarray:
@@ -107,7 +104,7 @@ def work_segments(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
 
 def exit_offsets(g: StepGraph) -> np.ndarray:
     """Each member's exit after the last arrival of its instance: the transfer it saw."""
-    return g.end_ns - _instance_max(g.instance, g.arrival_ns)[g.instance]
+    return g.end_ns - g.last_arrival_ns[g.instance]
 
 
 def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None = None,
@@ -151,7 +148,30 @@ def _replay_exits(ptr, span, work, exit_after, span_start):  # pragma: no cover 
     return prev_exit
 
 
-def _instance_max(instance: np.ndarray, values: np.ndarray) -> np.ndarray:
-    out = np.full(int(instance.max()) + 1 if len(instance) else 0, np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(out, instance, values)
-    return out
+def _dense_instances(instance: np.ndarray, arrival_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted distinct ids, each row's dense index, each instance's latest arrival): one sort."""
+    perm = np.argsort(instance, kind="stable")
+    sorted_ids = instance[perm]
+    new = np.ones(len(perm), dtype=bool)
+    new[1:] = sorted_ids[1:] != sorted_ids[:-1]
+    starts = np.flatnonzero(new)
+    dense = np.empty(len(perm), dtype=np.int64)
+    dense[perm] = np.cumsum(new) - 1
+    last = np.maximum.reduceat(arrival_ns[perm], starts) if len(perm) else np.zeros(0, dtype=np.int64)
+    return sorted_ids[starts], dense, last
+
+
+@numba.njit(cache=True, nogil=True)
+def _counting_sort(keys, num_keys):  # pragma: no cover - compiled
+    """Stable order of rows by integer key 0..num_keys-1, and each key's start in it (CSR)."""
+    ptr = np.zeros(num_keys + 1, dtype=np.int64)
+    for k in keys:
+        ptr[k + 1] += 1
+    for k in range(num_keys):
+        ptr[k + 1] += ptr[k]
+    fill = ptr[:-1].copy()
+    rows = np.empty(len(keys), dtype=np.int64)
+    for i in range(len(keys)):
+        rows[fill[keys[i]]] = i
+        fill[keys[i]] += 1
+    return rows, ptr
