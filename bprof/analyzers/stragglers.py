@@ -2,12 +2,16 @@
 
 Evidence per rank comes from stragglers.sql (arrivals last, wait imposed, compute score, host and
 link evidence). The cost is counterfactual: each candidate's work between collectives is replaced
-by the median of the ranks that play the same role in the step (the same sequence of collectives), the step is replayed from the matched
-collectives (bprof.analyzers.counterfactual), and `lost_ns` is how much shorter the job's step
-gets (median over steps, and 0 unless 75% of the steps gain at least half of that median). A rank is
-flagged only when lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the
-step time).
-Reads match_*, collperf_instances, breakdown_steps, timeline_spans, ranks; writes stragglers_ranks.
+by the median of the ranks that play the same role in the step (same pipeline stage, same count of
+each collective: see _Step), the step is replayed from the matched collectives
+(bprof.analyzers.counterfactual), and `lost_ns` is how much shorter the job's step gets (median
+over steps, and 0 unless 75% of the steps gain at least half of that median). A rank is flagged
+only when lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the step
+time). Candidates: the MAX_CANDIDATES ranks imposing the most wait, the MAX_HOST_CANDIDATES hosts
+whose ranks impose the most, and the hosts whose inter-host transfers are slowest; they are known
+before any step is replayed, so steps are built and priced one at a time.
+Reads match_*, collperf_instances, breakdown_steps, bubbles_stages, timeline_spans, ranks; writes
+stragglers_ranks.
 """
 
 from __future__ import annotations
