@@ -59,7 +59,7 @@ class StepGraph:
         # own arrivals: with asynchronous collectives (several NCCL streams) a rank can arrive at B
         # before A completes; the chain then counts B's work from A's exit, which may be negative,
         # and the replay of unchanged work stays exact.
-        order = np.lexsort((dense, arrival_ns, last[dense], rank))  # ties broken by instance: deterministic
+        order = _chain_order(rank, last[dense], arrival_ns, dense)
         dense, g_rank, g_arr, g_end = dense[order], rank[order], arrival_ns[order], end_ns[order]
         row_span = np.searchsorted(span_rank, g_rank)
         if len(g_rank) and (row_span.max() >= len(span_rank) or (span_rank[row_span] != g_rank).any()):
@@ -146,6 +146,19 @@ def _replay_exits(ptr, span, work, exit_after, span_start):  # pragma: no cover 
         for j in range(ptr[k], ptr[k + 1]):
             prev_exit[span[j]] = latest + exit_after[j]
     return prev_exit
+
+
+def _chain_order(rank: np.ndarray, last_ns: np.ndarray, arrival_ns: np.ndarray, dense: np.ndarray) -> np.ndarray:
+    """Rows by (rank, instance's last arrival, own arrival, instance): ties broken by instance, so
+    deterministic. Packed into two int64 keys when times fit 39 bits (9 minutes) from the earliest
+    arrival and ranks and instances 24 bits (a 4-key lexsort of 20 million rows costs twice as much)."""
+    if not len(rank):
+        return np.zeros(0, dtype=np.int64)
+    base = arrival_ns.min()
+    rel_last, rel_arrival = last_ns - base, arrival_ns - base
+    if rank.max() < 1 << 24 and rank.min() >= 0 and dense.max() < 1 << 24 and rel_last.max() < 1 << 39:
+        return np.lexsort(((rel_arrival << 24) | dense, (rank << 39) | rel_last))
+    return np.lexsort((dense, arrival_ns, last_ns, rank))
 
 
 def _dense_instances(instance: np.ndarray, arrival_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 
 import duckdb
+import numba
 import numpy as np
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
@@ -138,16 +139,10 @@ class _Step:
         self.index[self.rows] = np.arange(len(self.rows))
         m = len(self.rows)
         sub_role, sub_span, sub_work = role[self.rows], g.row_span[self.rows], self.work[self.rows]
-        # occurrence: rows of one (rank, role) in chain order
-        key = sub_span * roles + sub_role
-        by_key = np.argsort(key, kind="stable")
-        sorted_key = key[by_key]
-        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if m else np.zeros(0, dtype=np.int64)
-        occurrence = np.empty(m, dtype=np.int64)
-        occurrence[by_key] = np.arange(m) - np.repeat(starts, np.diff(np.r_[starts, m]))
+        occurrence = _occurrence(sub_span, sub_role, roles)
         occurrences = int(occurrence.max()) + 1 if m else 1
         group = (self.sig[sub_span] * roles + sub_role) * occurrences + occurrence
-        order = np.lexsort((sub_work, group))  # rows by (key, work)
+        order = _by_group_and_work(group, sub_work)
         self.sorted_work = sub_work[order]
         sorted_group = group[order]
         group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if m else np.zeros(0, dtype=np.int64)
@@ -267,6 +262,31 @@ def _rank_finding(rank: int, s, lost_ns: int, cause: str, median_step: float, th
         f"collectives and made its peers wait {imposed / 1e6:.2f} ms per step; compute score {score or 0:.2f} "
         f"(median rank's compute over its own).",
         lost_ns, {"ranks": [rank], "steps": steps, "host": host, "cause": cause})
+
+
+@numba.njit(cache=True, nogil=True)
+def _occurrence(span, role, roles):  # pragma: no cover - compiled
+    """For rows sorted by rank (span index) and chain order: which occurrence of its role on its
+    rank each row is (0, 1, ...)."""
+    out = np.empty(len(span), dtype=np.int64)
+    seen = np.zeros(roles, dtype=np.int64)
+    for i in range(len(span)):
+        if i == 0 or span[i] != span[i - 1]:
+            seen[:] = 0
+        out[i] = seen[role[i]]
+        seen[role[i]] += 1
+    return out
+
+
+def _by_group_and_work(group: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Rows by (group, work): one argsort of a packed key when work spans under 2^40 ns and groups
+    number under 2^23, else a lexsort (rows of equal group and work are interchangeable here)."""
+    if not len(group):
+        return np.zeros(0, dtype=np.int64)
+    rel = work - work.min()
+    if rel.max() < 1 << 40 and group.max() < 1 << 23:
+        return np.argsort((group << 40) | rel)
+    return np.lexsort((work, group))
 
 
 def _host_candidates(stats) -> dict[str, set[int]]:
