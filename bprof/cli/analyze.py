@@ -16,6 +16,7 @@ from bprof.analyzers.run import analyze_run, summary
 from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
 from bprof.errors import UsageError
 from bprof.store.db import open_store
+from bprof.store.limits import set_memory_limit
 from bprof.store.runs import resolve_run
 
 
@@ -32,6 +33,9 @@ def analyze(
     tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="Tokens per optimizer step (global batch), when the run did not declare it."),
     top: int = typer.Option(10, "--top", help="Findings to print."),
     hta_compat: bool = typer.Option(False, "--hta-compat", help="Also compute HolisticTraceAnalysis 0.5's whole-trace breakdown (for parity checks)."),
+    memory_limit: Optional[str] = typer.Option(
+        None, "--memory-limit", help="DuckDB's memory limit while analysing (e.g. 4GB); past it DuckDB spills to disk. "
+                                     "Default: DuckDB's, 80% of the machine's memory."),
 ) -> None:
     """Analyze a run: where each rank's step time goes, MFU/HFU, and findings ranked by lost time."""
     if peak_tflops is not None and peak_tflops <= 0:
@@ -41,6 +45,8 @@ def analyze(
     console = Console(stderr=True)
     con = open_store(db)
     try:
+        if memory_limit is not None:
+            set_memory_limit(con, memory_limit)
         run_id = resolve_run(con, run)
         with console.status("analyzing") as status:
             analyze_run(con, run_id, options, progress=lambda name: status.update(f"analyzing: {name}"))

@@ -23,6 +23,7 @@ import duckdb
 from bprof.errors import DataError, UsageError
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.kineto_file import SplitTrace, split_trace
+from bprof.store.limits import set_memory_limit
 from bprof.store.reduce import check_one_run, load_reduced, read_manifest
 from bprof.store.sqlfile import run_sql_file
 
@@ -82,7 +83,7 @@ def ingest_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOpt
     if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
         raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
     name = options.name or _unique_name(con, run.default_name)
-    con.execute(f"SET memory_limit = '{_checked_size(options.memory_limit)}'")
+    set_memory_limit(con, options.memory_limit)
     con.execute("BEGIN TRANSACTION")
     try:
         result = _ingest_in_transaction(con, run, name, fingerprint, hashes, options, progress)
@@ -381,13 +382,6 @@ def _unique_name(con, base: str) -> str:
     while f"{base}-{n}" in taken:
         n += 1
     return f"{base}-{n}"
-
-
-def _checked_size(size: str) -> str:
-    """A DuckDB size such as 600MB or 2GB (formatted into SET, so it is validated here)."""
-    if not re.fullmatch(r"\d+(\.\d+)?\s*(KB|MB|GB|TB|KiB|MiB|GiB|TiB)", size.strip()):
-        raise UsageError(f"memory limit {size!r} is not a size like 600MB or 2GB")
-    return size.strip()
 
 
 def _base_ns(meta: dict) -> int:

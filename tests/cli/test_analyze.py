@@ -65,6 +65,15 @@ def test_usage_errors_exit_2_with_one_line(synthetic_db, tmp_path):
     assert negative.returncode == 2 and "--peak-tflops" in negative.stderr
     no_store = bprof("analyze", "--db", tmp_path / "absent" / "x.duckdb")
     assert no_store.returncode in (2, 3) and no_store.stderr.startswith("bprof: error:")
+    bad_limit = bprof("analyze", "--db", synthetic_db, "--memory-limit", "lots")
+    assert bad_limit.returncode == 2 and "'lots' is not a size" in bad_limit.stderr
+
+
+def test_memory_limit_bounds_duckdb_and_gives_the_same_result(synthetic_db):
+    limited = bprof("analyze", "--db", synthetic_db, "--json", "--memory-limit", "300MB")
+    assert limited.returncode == 0, limited.stderr
+    plain = bprof("analyze", "--db", synthetic_db, "--json")
+    assert json.loads(limited.stdout)["ranks"] == json.loads(plain.stdout)["ranks"]
 
 
 @pytest.mark.parametrize("folder", ["a100_ddp_nccl_rank0", "a100_ws16_rank0", "mi250_rocm_minitoy",
