@@ -4,9 +4,9 @@
 -- Reads timeline_spans, events, collectives, runs and the temp table _classes (name, kind ->
 -- coarse_class, built from bprof.kernels by breakdown.py); writes breakdown_steps,
 -- breakdown_ranks, breakdown_groups, breakdown_dims and breakdown_idle_gaps. A reduced rank (from
--- `bprof reduce` output: no events) brings its partition (reduced_breakdown) and its exposed
--- communication intervals (reduced_exposed_comm), which the reduce computed with this same file;
--- it has no idle gaps.
+-- `bprof reduce` output: no events) brings its partition (reduced_breakdown), its exposed
+-- communication intervals (reduced_exposed_comm) and its communication per parallel dimension
+-- (reduced_dims), which the reduce computed with this same file; it has no idle gaps.
 --
 -- Definitions (the README repeats them):
 -- * Device timeline (GPU traces): every kernel, memcpy and memset of the rank, all streams.
@@ -117,13 +117,19 @@ COMMENT ON COLUMN breakdown_idle_gaps.step IS 'Profiler step (-1: whole trace).'
 COMMENT ON COLUMN breakdown_idle_gaps.ts_ns IS 'Gap start, own clock.';
 COMMENT ON COLUMN breakdown_idle_gaps.dur_ns IS 'Gap length.';
 
+-- The ranks with events, whose partition and per-dimension time this file computes (reduced ranks
+-- bring theirs). At scale nearly every rank is reduced: filtering on this early keeps their
+-- collectives and exposed segments out of the interval work.
+CREATE OR REPLACE TEMP TABLE _bd_event_ranks AS
+SELECT rank FROM ranks WHERE run_id = $run_id AND rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id);
+
 -- The intervals of every span, clipped to it, with their class: 0 compute, 1 communication (device
 -- or worker thread), 2 memcpy/memset, 3 sync (GPU) or other range (CPU main thread), 4 main thread
 -- blocked in communication (CPU), 7 the span itself (so idle time has a segment too).
 CREATE OR REPLACE TEMP TABLE _bd_iv AS
 WITH spans AS (
     SELECT rank, step, ts_ns, ts_ns + dur_ns AS end_ns, timeline, main_tid
-    FROM timeline_spans WHERE run_id = $run_id AND rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id)
+    FROM timeline_spans WHERE run_id = $run_id AND rank IN (SELECT rank FROM _bd_event_ranks)
 ), dev AS (
     SELECT e.rank, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns,
         CASE c.coarse_class WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 WHEN 'sync' THEN 3 ELSE 0 END AS cls
@@ -181,14 +187,14 @@ WITH sums AS (
         sum(end_ns - ts_ns) FILTER (WHERE label = 'memcpy') AS memcpy_ns,
         sum(end_ns - ts_ns) FILTER (WHERE label = 'idle') AS idle_ns,
         sum(end_ns - ts_ns) FILTER (WHERE label = 'other') AS other_ns
-    FROM _bd_seg GROUP BY rank, step
+    FROM _bd_seg JOIN _bd_event_ranks USING (rank) GROUP BY rank, step
 ), ns AS (
     SELECT s.rank, s.step, s.timeline, s.dur_ns AS span_ns,
         CAST(coalesce(compute_ns, 0) AS BIGINT) AS compute_ns, CAST(coalesce(exposed_comm_ns, 0) AS BIGINT) AS exposed_comm_ns,
         CAST(coalesce(overlapped_comm_ns, 0) AS BIGINT) AS overlapped_comm_ns, CAST(coalesce(memcpy_ns, 0) AS BIGINT) AS memcpy_ns,
         CAST(coalesce(idle_ns, 0) AS BIGINT) AS idle_ns, CAST(coalesce(other_ns, 0) AS BIGINT) AS other_ns
     FROM timeline_spans s LEFT JOIN sums USING (rank, step)
-    WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id)
+    WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.rank IN (SELECT rank FROM _bd_event_ranks)
     UNION ALL
     SELECT rank, step, timeline, span_ns, compute_ns, exposed_comm_ns, overlapped_comm_ns, memcpy_ns, idle_ns, other_ns
     FROM reduced_breakdown WHERE run_id = $run_id
@@ -231,6 +237,14 @@ GROUP BY rank, step, gap;
 -- ranks (stride 1, fewer than all) are tensor parallel (Megatron and torchtitan put tp innermost),
 -- any other strided subgroup data parallel, and the whole world "world" -- or dp when every call
 -- of the run is on whole-world groups (plain DDP/FSDP).
+-- A reduced rank's dimensions (reduced_dims) come from its reduce, which ran this statement on its
+-- own calls alone. Names from descriptions and the stride layout (pg_ranks is the same list on every
+-- member) come out the same, but a group can get another dimension there where the answer depends
+-- on other ranks' calls: p2p (a group where this rank only sends and receives but others run
+-- collectives is pp there), the whole world (dp there when all the rank's own groups are whole-world,
+-- world here when other ranks use subgroups), and a trace that states no world size (the reduce
+-- then takes 1, the ranks it ingested, so no group is whole-world and the world group is classified
+-- by its stride). breakdown_groups is the run's view; the README says the same.
 INSERT INTO breakdown_groups
 WITH g AS (
     SELECT pg_name, pg_desc, pg_ranks, any_value(group_size) AS group_size, count(*) AS num_calls,
@@ -272,20 +286,19 @@ FROM classified;
 
 -- Algorithm: each call contributes its CPU call and its device (or gloo worker) interval, clipped
 -- to the step spans; per dimension the union of those is comm_ns, and its intersection with the
--- exposed_comm segments is exposed_comm_ns.
+-- exposed_comm segments is exposed_comm_ns. Only ranks with events: a reduced rank's reduce did this
+-- on its own (reduced_dims, copied below), and its calls are most of the rows at scale.
 CREATE OR REPLACE TEMP TABLE _bd_calls AS
-WITH calls AS (
-    SELECT c.rank, coalesce(g.dim, 'unknown') AS dim, c.cpu_ts_ns AS ts_ns, c.cpu_ts_ns + c.cpu_dur_ns AS end_ns
-    FROM collectives c
+WITH own AS (
+    SELECT c.rank, coalesce(g.dim, 'unknown') AS dim, c.cpu_ts_ns, c.cpu_dur_ns, c.device_ts_ns, c.device_dur_ns
+    FROM collectives c JOIN _bd_event_ranks USING (rank)
     LEFT JOIN breakdown_groups g ON g.run_id = c.run_id AND g.pg_name IS NOT DISTINCT FROM c.pg_name
          AND g.pg_desc IS NOT DISTINCT FROM c.pg_desc AND g.pg_ranks IS NOT DISTINCT FROM c.pg_ranks
-    WHERE c.run_id = $run_id AND c.cpu_ts_ns IS NOT NULL
+    WHERE c.run_id = $run_id
+), calls AS (
+    SELECT rank, dim, cpu_ts_ns AS ts_ns, cpu_ts_ns + cpu_dur_ns AS end_ns FROM own WHERE cpu_ts_ns IS NOT NULL
     UNION ALL
-    SELECT c.rank, coalesce(g.dim, 'unknown'), c.device_ts_ns, c.device_ts_ns + c.device_dur_ns
-    FROM collectives c
-    LEFT JOIN breakdown_groups g ON g.run_id = c.run_id AND g.pg_name IS NOT DISTINCT FROM c.pg_name
-         AND g.pg_desc IS NOT DISTINCT FROM c.pg_desc AND g.pg_ranks IS NOT DISTINCT FROM c.pg_ranks
-    WHERE c.run_id = $run_id AND c.device_ts_ns IS NOT NULL
+    SELECT rank, dim, device_ts_ns, device_ts_ns + device_dur_ns FROM own WHERE device_ts_ns IS NOT NULL
 )
 SELECT {'rank': s.rank, 'step': s.step, 'dim': calls.dim} AS key, 0 AS cls,
     greatest(calls.ts_ns, s.ts_ns) AS ts_ns, least(calls.end_ns, s.ts_ns + s.dur_ns) AS end_ns
@@ -306,7 +319,7 @@ WITH total AS (
     SELECT key, ts_ns, end_ns, unnest(range(ts_ns // 1000000, (end_ns - 1) // 1000000 + 1)) AS bucket FROM _bd_call_union
 ), xb AS (
     SELECT rank, step, ts_ns, end_ns, unnest(range(ts_ns // 1000000, (end_ns - 1) // 1000000 + 1)) AS bucket
-    FROM _bd_seg WHERE label = 'exposed_comm' AND end_ns > ts_ns
+    FROM _bd_seg JOIN _bd_event_ranks USING (rank) WHERE label = 'exposed_comm' AND end_ns > ts_ns
 ), exposed AS (
     SELECT key, sum(overlap_ns) AS exposed_ns FROM (
         SELECT ub.key, least(ub.end_ns, xb.end_ns, (ub.bucket + 1) * 1000000)
@@ -316,4 +329,7 @@ WITH total AS (
     WHERE overlap_ns > 0 GROUP BY key
 )
 SELECT $run_id, t.key.rank, t.key.step, t.key.dim, CAST(t.comm_ns AS BIGINT), CAST(coalesce(e.exposed_ns, 0) AS BIGINT)
-FROM total t LEFT JOIN exposed e USING (key);
+FROM total t LEFT JOIN exposed e USING (key)
+UNION ALL
+-- reduced ranks: their reduce's rows, named by the dimensions it gave their own groups (see breakdown_groups)
+SELECT $run_id, rank, step, dim, comm_ns, exposed_comm_ns FROM reduced_dims WHERE run_id = $run_id;

@@ -4,9 +4,10 @@ small enough that a 10,000-rank job ships megabytes to cross-rank analysis, not 
 The rank is ingested alone into a scratch store with the ordinary ingest (its `bprof record`
 metadata and Flight Recorder entries included), the timeline and breakdown analyzers run over it,
 and what cross-rank analysis reads is written as Parquet: the rank's ranks, steps, collectives and
-clock_samples rows, its step spans (timeline_spans), its per-step partition (breakdown_steps) and
+clock_samples rows, its step spans (timeline_spans), its per-step partition (breakdown_steps),
 the exposed-communication intervals of that partition (which collperf splits into waiting and
-transfer, and breakdown attributes to parallel dimensions). Nothing of it depends on other ranks.
+transfer) and its communication per parallel dimension (breakdown_dims). Nothing of it depends on
+other ranks but the dimension of a process group, which breakdown infers from the rank's own groups.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ _SOURCES = {
     "clock_samples": "clock_samples",
     "spans": "timeline_spans",
     "breakdown": "breakdown_steps",
+    # per-dimension communication (per rank, step, dim), with the dimensions breakdown gave the
+    # rank's own process groups (see breakdown.sql on how that can differ from the run's)
+    "dims": "breakdown_dims",
     # breakdown's labelled segments (its temp table _bd_seg, alive on this connection), adjacent
     # exposed_comm ones merged: the sums of their overlaps with any interval set stay the same
     "exposed_comm": """(
@@ -57,7 +61,7 @@ _SOURCES = {
 }
 # the order rows are written in, so that reducing the same trace twice writes the same files
 _ORDER = {"ranks": "rank", "steps": "step", "collectives": "call_index", "clock_samples": "phase, send_ns",
-          "spans": "step", "breakdown": "step", "exposed_comm": "step, ts_ns"}
+          "spans": "step", "breakdown": "step", "exposed_comm": "step, ts_ns", "dims": "step, dim"}
 
 
 @dataclass

@@ -28,8 +28,10 @@ MANIFEST = "manifest.json"
 
 # file name (without .parquet) -> the store table its rows go to; the file has that table's
 # columns except run_id. ranks, steps, collectives and clock_samples are the store's own rows of
-# the rank; spans, breakdown and exposed_comm are what the timeline and breakdown analyzers
+# the rank; spans, breakdown, exposed_comm and dims are what the timeline and breakdown analyzers
 # computed from its events (see bprof.analyzers.reduce), which analysis copies for reduced ranks.
+# A manifest that lacks one of them (as from an earlier development version, which lacked dims) is
+# refused, naming the file.
 TABLES = {
     "ranks": "ranks",
     "steps": "steps",
@@ -38,6 +40,7 @@ TABLES = {
     "spans": "reduced_spans",
     "breakdown": "reduced_breakdown",
     "exposed_comm": "reduced_exposed_comm",
+    "dims": "reduced_dims",
 }
 
 
@@ -110,7 +113,8 @@ def read_manifest(directory: Path) -> Manifest:
     for name in TABLES:
         entry, table = listed.get(name), directory / f"{name}.parquet"
         if not isinstance(entry, dict):
-            raise DataError(f"{path}: the manifest lists no {name}.parquet")
+            raise DataError(f"{path}: the manifest lists no {name}.parquet; run `bprof reduce` on the rank's trace "
+                            "again with this bprof")
         try:
             size = table.stat().st_size
         except OSError:

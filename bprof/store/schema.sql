@@ -388,3 +388,20 @@ COMMENT ON COLUMN reduced_exposed_comm.rank IS 'Global rank (reduced_ranks.rank)
 COMMENT ON COLUMN reduced_exposed_comm.step IS 'Profiler step (-1: whole trace).';
 COMMENT ON COLUMN reduced_exposed_comm.ts_ns IS 'Interval start, own clock.';
 COMMENT ON COLUMN reduced_exposed_comm.dur_ns IS 'Interval length.';
+
+CREATE TABLE reduced_dims (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    dim VARCHAR NOT NULL,
+    comm_ns BIGINT NOT NULL,
+    exposed_comm_ns BIGINT NOT NULL,
+    PRIMARY KEY (run_id, rank, step, dim)
+);
+COMMENT ON TABLE reduced_dims IS 'Communication time per parallel dimension (breakdown_dims) of reduced ranks as `bprof reduce` computed it, with the dimensions it gave its own process groups; the breakdown analyzer copies it.';
+COMMENT ON COLUMN reduced_dims.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN reduced_dims.rank IS 'Global rank (reduced_ranks.rank).';
+COMMENT ON COLUMN reduced_dims.step IS 'Profiler step (-1: whole trace).';
+COMMENT ON COLUMN reduced_dims.dim IS 'Parallel dimension (breakdown_groups.dim of the rank''s reduce).';
+COMMENT ON COLUMN reduced_dims.comm_ns IS 'breakdown_dims.comm_ns: time any call of this dimension was in flight.';
+COMMENT ON COLUMN reduced_dims.exposed_comm_ns IS 'breakdown_dims.exposed_comm_ns: the exposed part of comm_ns.';

@@ -124,7 +124,7 @@ def test_recorded_reduced_outputs_are_a_small_fraction_of_the_traces(recorded):
     trace_bytes = sum(t.stat().st_size for t in traces)
     reduced_bytes = sum(f.stat().st_size for r in reduced for f in r.iterdir())
     print(f"reduced {reduced_bytes:,} bytes vs traces {trace_bytes:,} bytes (gzip): 1/{trace_bytes / reduced_bytes:.0f}")
-    # measured on this 2-rank pipeline: about 37 kB against 1.1 MB of gzip traces, 1/30
+    # measured on this 2-rank pipeline: about 39 kB against 1.1 MB of gzip traces, 1/28
     assert reduced_bytes * 10 < trace_bytes
     for r in reduced:  # every file is checked by its manifest, and the traces' own metadata is kept
         manifest = json.loads((r / MANIFEST).read_text())
@@ -189,6 +189,31 @@ def test_synthetic_slow_rank_is_found_from_the_reduced_ranks(synthetic):
     assert reduced.execute("SELECT list(rank) FROM stragglers_ranks WHERE flagged").fetchone()[0] == [3]
 
 
+def test_reduced_ranks_per_dimension_time_is_the_reduces_own(synthetic):
+    """breakdown_dims of reduced ranks is copied from reduced_dims, not recomputed from the run's
+    collectives: without rank 0's collectives it stays the same; a changed reduced_dims row shows."""
+    from bprof.analyzers import breakdown
+    from bprof.analyzers.base import replace_rows
+
+    reduced = synthetic[2]
+    [(run_id,)] = reduced.execute("SELECT run_id FROM runs").fetchall()
+    dims = "SELECT step, dim, comm_ns, exposed_comm_ns FROM breakdown_dims WHERE rank = 0 ORDER BY step, dim"
+    before = reduced.execute(dims).fetchall()
+    assert {d for _, d, _, _ in before} == {"tp", "pp", "dp"} and all(c > 0 for _, _, c, _ in before)
+    reduced.execute("BEGIN TRANSACTION")
+    try:
+        reduced.execute("DELETE FROM collectives WHERE rank = 0")
+        replace_rows(reduced, breakdown.TABLES, run_id)
+        breakdown.analyze(reduced, run_id, Options())
+        assert reduced.execute(dims).fetchall() == before
+        reduced.execute("UPDATE reduced_dims SET comm_ns = comm_ns + 1 WHERE rank = 0")
+        replace_rows(reduced, breakdown.TABLES, run_id)
+        breakdown.analyze(reduced, run_id, Options())
+        assert reduced.execute(dims).fetchall() == [(s, d, c + 1, e) for s, d, c, e in before]
+    finally:
+        reduced.execute("ROLLBACK")
+
+
 def test_reduce_reports_rows_and_bytes(synthetic):
     results = synthetic[0]
     r = results[0]
@@ -198,8 +223,8 @@ def test_reduce_reports_rows_and_bytes(synthetic):
     assert r.trace_bytes == (r.trace.stat().st_size) and r.trace_json_bytes > r.trace_bytes
     print(f"synthetic rank 0: {r.reduced_bytes:,} bytes from a {r.trace_bytes:,}-byte trace "
           f"({r.trace_json_bytes:,} bytes of JSON) in {r.seconds:.2f} s: 1/{1 / r.trace_ratio:.0f}")
-    # measured: 22 kB from a 152 kB gzip trace (1/7; 1/65 of its 1.5 MB of JSON). Parquet's fixed cost per
-    # file dominates at this size; real GPU traces of ../shared reduce to 1/41-1/73 of their gzip files
+    # measured: 23 kB from a 152 kB gzip trace (1/6; 1/62 of its 1.5 MB of JSON). Parquet's fixed cost per
+    # file dominates at this size; real GPU traces of ../shared reduce to 1/39-1/69 of their gzip files
     assert r.trace_ratio < 0.25 and r.reduced_bytes * 20 < r.trace_json_bytes
 
 
@@ -281,6 +306,18 @@ def test_format_version_mismatch(tiny_reduced, good_store, tmp_path, capsys):
          rf"but this bprof reads version {FORMAT_VERSION}", capsys, tmp_path / "bprof.duckdb")
 
 
+def test_a_manifest_without_dims(tiny_reduced, good_store, tmp_path, capsys):
+    """An output of a development bprof from before dims.parquet (same format version): refused."""
+    store, before = good_store
+    d = tiny_reduced / "rank0.reduced"
+    manifest = json.loads((d / MANIFEST).read_text())
+    del manifest["tables"]["dims"]
+    (d / MANIFEST).write_text(json.dumps(manifest))
+    (d / "dims.parquet").unlink()
+    _bad(store, before, tiny_reduced, r"rank0\.reduced/manifest\.json: the manifest lists no dims\.parquet; run `bprof "
+         r"reduce` on the rank's trace again", capsys, tmp_path / "bprof.duckdb")
+
+
 def test_an_unfinished_output_without_manifest(tiny_reduced, good_store, tmp_path, capsys):
     store, before = good_store
     (tiny_reduced / "rank1.reduced" / MANIFEST).unlink()
@@ -340,7 +377,8 @@ def test_cli_reduce_json_and_default_output_beside_the_trace(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["rank"] == 1 and out["out"] == str(tmp_path / "run" / "rank1.reduced")
     assert out["rows"] == {"ranks": 1, "steps": 2, "collectives": 2, "clock_samples": 0, "spans": 2, "breakdown": 2,
-                           "exposed_comm": out["rows"]["exposed_comm"]}
+                           "exposed_comm": out["rows"]["exposed_comm"], "dims": out["rows"]["dims"]}
+    assert out["rows"]["dims"] > 0
     assert out["reduced_bytes"] == sum(out["bytes"].values()) and 0 < out["trace_ratio"]
     # a second reduce replaces the first, whole; a path that is not a reduced output is refused
     assert main(["reduce", str(tmp_path / "run" / "rank1.json.gz")]) == 0
