@@ -11,7 +11,8 @@ host with random host clock offsets of up to +-2 ms, rank 333 (mod the world siz
 slower) written
 straight into a store as the compact per-rank tables `bprof reduce` ships. The store is generated
 in one child process and analysed in a fresh one, so each peak RSS is its own: the analysis runs
-the analyzers cross-rank analysis needs, in `bprof analyze`'s order and in one transaction:
+the analyzers cross-rank analysis needs, in `bprof analyze`'s order and in one transaction, with
+DuckDB's memory limit at --memory-limit (default 4GB, as `bprof analyze --memory-limit 4GB`):
 timeline and breakdown (which copy the reduced ranks' spans and partition, and split exposed
 communication by parallel dimension), match, clock, collperf, bubbles and stragglers.
 
@@ -63,13 +64,15 @@ def child_generate(ranks: int, path: Path) -> dict:
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def child_analyze(path: Path, run_id: int) -> dict:
+def child_analyze(path: Path, run_id: int, memory_limit: str) -> dict:
     import importlib
     import resource
 
     from bprof.analyzers.base import Options, replace_rows, write_findings
     from bprof.store.db import open_store
+    from bprof.store.limits import set_memory_limit
     con = open_store(path)
+    set_memory_limit(con, memory_limit)
     seconds = {}
     con.execute("BEGIN TRANSACTION")
     for name in ANALYZERS:
@@ -79,6 +82,8 @@ def child_analyze(path: Path, run_id: int) -> dict:
         result = module.analyze(con, run_id, Options())
         write_findings(con, run_id, module.NAME, result.findings)
         seconds[name] = time.perf_counter() - t0
+        print(f"    {name} {seconds[name]:.1f} s, peak RSS so far "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB", file=sys.stderr, flush=True)
     con.execute("COMMIT")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     top = con.execute("""SELECT lost_ns, evidence->>'$.ranks' FROM findings
@@ -92,9 +97,9 @@ def child_analyze(path: Path, run_id: int) -> dict:
 
 
 def run_child(*args: str) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     if done.returncode:
-        raise SystemExit(f"child {args} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"child {args} failed (exit {done.returncode}; its stderr is above)")
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -103,11 +108,13 @@ def main() -> None:
     p.add_argument("--ranks", default="1024,10240", help="comma-separated world sizes (multiples of 64)")
     p.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
     p.add_argument("--keep", action="store_true", help="keep the stores")
+    p.add_argument("--memory-limit", default="4GB", help="DuckDB's memory limit in the analysis (bprof analyze --memory-limit)")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         kind, *rest = args.child
-        out = child_generate(int(rest[0]), Path(rest[1])) if kind == "generate" else child_analyze(Path(rest[0]), int(rest[1]))
+        out = (child_generate(int(rest[0]), Path(rest[1])) if kind == "generate"
+               else child_analyze(Path(rest[0]), int(rest[1]), rest[2]))
         print(json.dumps(out))
         return
     base = args.dir or Path(tempfile.mkdtemp(prefix="crossrank-", dir=ROOT / "bench-data" if (ROOT / "bench-data").exists() else None))
@@ -119,7 +126,7 @@ def main() -> None:
             gen = run_child("generate", str(ranks), str(path))
             print(f"{ranks:,} ranks: {gen['rows']:,} collective rows ({gen['rows_per_rank_step']['min']:,}-"
                   f"{gen['rows_per_rank_step']['max']:,} per rank per step), generated in {gen['seconds']:.0f} s", flush=True)
-            an = run_child("analyze", str(path), "1")
+            an = run_child("analyze", str(path), "1", args.memory_limit)
             total = sum(an["seconds"].values())
             top = an["top_straggler"]
             errors = [abs(an["offsets"][h] - o) for h, o in gen["offsets"].items() if h in an["offsets"]]
