@@ -150,15 +150,31 @@ def _replay_exits(ptr, span, work, exit_after, span_start):  # pragma: no cover 
 
 def _chain_order(rank: np.ndarray, last_ns: np.ndarray, arrival_ns: np.ndarray, dense: np.ndarray) -> np.ndarray:
     """Rows by (rank, instance's last arrival, own arrival, instance): ties broken by instance, so
-    deterministic. Packed into two int64 keys when times fit 39 bits (9 minutes) from the earliest
-    arrival and ranks and instances 24 bits (a 4-key lexsort of 20 million rows costs twice as much)."""
+    deterministic. (rank, last) packed into one int64 key when times fit 39 bits (9 minutes) from
+    the earliest arrival and ranks and instances 24 bits: a lexsort of 20 million rows on two keys
+    took 16 s here, one stable argsort 5 s on shuffled rows and less on rows already in rank order."""
     if not len(rank):
         return np.zeros(0, dtype=np.int64)
     base = arrival_ns.min()
     rel_last, rel_arrival = last_ns - base, arrival_ns - base
-    if rank.max() < 1 << 24 and rank.min() >= 0 and dense.max() < 1 << 24 and rel_last.max() < 1 << 39:
-        return np.lexsort(((rel_arrival << 24) | dense, (rank << 39) | rel_last))
-    return np.lexsort((dense, arrival_ns, last_ns, rank))
+    if not (rank.max() < 1 << 24 and rank.min() >= 0 and dense.max() < 1 << 24 and rel_last.max() < 1 << 39):
+        return np.lexsort((dense, arrival_ns, last_ns, rank))
+    # One stable sort on (rank, last) - rows come from the store in about that order already, which
+    # timsort exploits - then rows tied on it (rare: two instances of a rank ending their arrivals at
+    # the same instant) reordered by (arrival, instance).
+    primary = (rank << 39) | rel_last
+    order = np.argsort(primary, kind="stable")
+    sorted_primary = primary[order]
+    tied = np.zeros(len(order), dtype=bool)
+    same = sorted_primary[1:] == sorted_primary[:-1]
+    tied[1:] |= same
+    tied[:-1] |= same
+    if tied.any():
+        at = np.flatnonzero(tied)
+        rows = order[at]
+        run = np.cumsum(np.r_[True, ~same])[at]  # which tie run each tied position belongs to
+        order[at] = rows[np.lexsort((dense[rows], arrival_ns[rows], run))]
+    return order
 
 
 def _dense_instances(instance: np.ndarray, arrival_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

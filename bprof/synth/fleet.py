@@ -2,8 +2,8 @@
 
 Kineto files of 10,240 ranks would be terabytes; cross-rank analysis reads only the compact
 per-rank tables `bprof reduce` ships from each rank (`ranks`, `steps`, `collectives`,
-`clock_samples`, and its spans, per-step partition and exposed-communication intervals, which
-ingest puts in the reduced_* tables). This module simulates a Megatron-style TP x PP x DP job at
+`clock_samples`, and its spans, per-step partition, communication per parallel dimension and
+exposed-communication intervals, which ingest puts in the reduced_* tables). This module simulates a Megatron-style TP x PP x DP job at
 the level of those tables and inserts them as a run of reduced ranks, with the truth to check the
 analysis against; `bprof analyze` runs on it as on any reduced run.
 

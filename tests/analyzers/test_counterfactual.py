@@ -73,3 +73,14 @@ def test_straggler_cost_agrees_with_the_synthetic_resimulation_without_it(tmp_pa
         lost.append(base.step_ns - replay(g, like_peers).step_ns)
     planted = max(truth["faults"][0]["counterfactual"]["step_dur_delta_ns"])  # the job's step: its longest rank
     assert statistics.mean(lost) == pytest.approx(planted, rel=0.25), (lost, planted)
+
+
+def test_chain_order_is_the_four_key_sort_even_with_ties():
+    from bprof.analyzers.counterfactual import _chain_order
+
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n = int(rng.integers(1, 300))
+        rank, last = rng.integers(0, 5, n), rng.integers(0, 20, n) + 10**12  # many ties on (rank, last)
+        arrival, dense = last - rng.integers(0, 5, n), rng.integers(0, 50, n)
+        assert np.array_equal(_chain_order(rank, last, arrival, dense), np.lexsort((dense, arrival, last, rank)))
