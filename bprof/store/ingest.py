@@ -77,12 +77,9 @@ def ingest_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: IngestOpt
                progress: Progress | None = None) -> IngestResult:
     hashes = _hash_files(run.files, options.workers)
     fingerprint = hashlib.sha256("".join(sorted(hashes.values())).encode()).hexdigest()
-    existing = con.execute("SELECT run_id, name FROM runs WHERE fingerprint = ?", [fingerprint]).fetchone()
+    existing, name = _existing_or_name(con, fingerprint, options, run)
     if existing:
-        return IngestResult(existing[0], existing[1], created=False)
-    if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
-        raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
-    name = options.name or _unique_name(con, run.default_name)
+        return existing
     set_memory_limit(con, options.memory_limit)
     con.execute("BEGIN TRANSACTION")
     try:
@@ -147,12 +144,9 @@ def ingest_reduced_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: I
     manifests = [read_manifest(d) for d in run.files]
     check_one_run(manifests)
     fingerprint = hashlib.sha256("".join(sorted(m.sha256 for m in manifests)).encode()).hexdigest()
-    existing = con.execute("SELECT run_id, name FROM runs WHERE fingerprint = ?", [fingerprint]).fetchone()
+    existing, name = _existing_or_name(con, fingerprint, options, run)
     if existing:
-        return IngestResult(existing[0], existing[1], created=False)
-    if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
-        raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
-    name = options.name or _unique_name(con, run.default_name)
+        return existing
     con.execute("BEGIN TRANSACTION")
     try:
         run_id = _insert_run(con, run, name, fingerprint)
@@ -371,6 +365,17 @@ def _hash_files(files: tuple[Path, ...], workers: int) -> dict[Path, str]:
 
     with ThreadPoolExecutor(max(1, workers)) as pool:
         return dict(zip(files, pool.map(digest, files)))
+
+
+def _existing_or_name(con, fingerprint: str, options: IngestOptions, run: RunFiles) -> tuple[IngestResult | None, str]:
+    """The run already ingested from these very files (ingest is idempotent), else the name the new
+    run gets: --name when no other run has it, or the default name made unique."""
+    existing = con.execute("SELECT run_id, name FROM runs WHERE fingerprint = ?", [fingerprint]).fetchone()
+    if existing:
+        return IngestResult(existing[0], existing[1], created=False), existing[1]
+    if options.name is not None and con.execute("SELECT 1 FROM runs WHERE name = ?", [options.name]).fetchone():
+        raise UsageError(f"a run named {options.name!r} already exists with other files; pick another --name")
+    return None, options.name or _unique_name(con, run.default_name)
 
 
 def _unique_name(con, base: str) -> str:
