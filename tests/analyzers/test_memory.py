@@ -91,6 +91,17 @@ def test_a_rank_above_its_peers_is_a_finding(tmp_path, only_memory):
     assert evidence["peer_median_bytes"] == 1000 * MIB and title.startswith("Rank 2 holds 1300.0 MiB")
 
 
+def test_a_rank_high_in_one_step_only_is_no_finding(tmp_path, only_memory):
+    # rank 2 peaks 30% above its peers in step 1 (a contended step keeps buffers alive longer), not in step 2
+    steps = [(r, s, 100 * s, 100) for r in range(4) for s in (1, 2)]
+    peaks = {(2, 1): 1300}
+    events = [_mem(100 * s + 10, p * MIB, p * MIB, device_type=1, device_id=0, rank=r)
+              for r, s, _, _ in steps for p in [peaks.get((r, s), 1000)]]
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=4, events=events, steps=steps)
+    analysis.analyze_run(con, run_id, Options())
+    assert con.execute("SELECT count(*) FROM findings WHERE run_id = ? AND analyzer = 'memory'", [run_id]).fetchone()[0] == 0
+
+
 def test_pipeline_stages_are_compared_within_their_stage(tmp_path, only_memory):
     # stage 0 (ranks 0, 1) keeps more micro-batches of activations than stage 1 (ranks 2, 3): no finding
     con, run_id = _ranks_at(tmp_path, [1300, 1300, 1000, 1000], pipeline_groups=[[0, 2], [1, 3]])
