@@ -214,7 +214,9 @@ def test_real_phases_agree_with_the_trainers_own_ranges(real_runs):
                 # The trainer's ranges wrap the Python around the ops that bprof's phases start and end
                 # at; bprof gives that to a phase only between two of its ops. The autograd engine's
                 # teardown after the last backward function (seen: up to 5 ms of 81) shows no op at all.
-                assert 0.85 * want[key] - 1_000_000 <= got[key] <= want[key] + 1_000_000, (phases, key, got[key], want[key])
+                # Under load the gap after a phase's last op can stretch (seen in CI: optimizer 14.9 ms
+                # against the trainer's 12.7 ms), hence 15% either way.
+                assert 0.85 * want[key] - 1_000_000 <= got[key] <= 1.15 * want[key] + 1_000_000, (phases, key, got[key], want[key])
 
 
 @pytest.mark.slow

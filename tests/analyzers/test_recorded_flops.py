@@ -66,7 +66,9 @@ def _no_finding_claims_more_than_noise(tmp_path, out: dict) -> None:
         if f["analyzer"] == "stragglers":
             [rank] = f["evidence"]["ranks"]
             extra_ns = compute[rank] - min(v for r, v in compute.items() if r != rank)
-            assert f["evidence"]["cause"] == "device" and f["lost_ns"] <= 1.25 * extra_ns, (f, compute)
+            # lost is a median of per-step gains, extra_ns a difference of per-rank medians: under load
+            # they part by more than the 25 % seen on a quiet machine (seen in CI: 15.5 against 10.8 ms)
+            assert f["evidence"]["cause"] == "device" and f["lost_ns"] <= 1.5 * extra_ns, (f, compute)
 
 
 def _declared_ratio(tmp_path) -> float:
