@@ -45,7 +45,8 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     # (20 million member rows per step at 10,240 ranks).
     job_steps, gains = [], {}
     priced = set(candidates).union(*hosts.values())
-    for step in _steps(con, run_id, priced):
+    steps = _analysed_steps(con, run_id)
+    for step in _steps(con, run_id, steps, priced):
         job_steps.append(step.step_ns)
         for r in candidates:
             gains.setdefault(("rank", r), []).append(step.gain({r}))
@@ -59,7 +60,6 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     mad = statistics.median(abs(s - median_step) for s in job_steps)
     threshold = max(0.02 * median_step, 3 * mad)
     lost = {key: _summarise(g) for key, g in gains.items()}
-    steps = sorted(_analysed_steps(con, run_id))
     medians = _medians(stats)
     for rank in candidates:
         ns = lost[("rank", rank)]
@@ -83,12 +83,12 @@ def _analysed_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
         ORDER BY step""", [run_id]).fetchall()]
 
 
-def _steps(con: duckdb.DuckDBPyConnection, run_id: int, priced: set[int]):
+def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced: set[int]):
     """Each step's replay graph of its complete instances with each member row's role (op/group
     size), ready to price sets of ranks; one step at a time."""
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
                              [run_id]).fetchall()) if table_exists(con, "bubbles_stages") else {}
-    for step in _analysed_steps(con, run_id):
+    for step in steps:
         m = {k: np.asarray(v) for k, v in con.execute(
             "SELECT instance_id, rank, arrival_aligned_ns, end_aligned_ns, role_id FROM _st_members WHERE step = ?",
             [step]).fetchnumpy().items()}
@@ -340,20 +340,24 @@ def _link_candidates(con, run_id: int) -> dict[str, tuple[float, np.ndarray]]:
     lowest over the (op, size) classes it takes part in: only a host slow in every class stands out.
     Returns, for the hosts at or above MIN_LINK_RATIO (the highest MAX_HOST_CANDIDATES), the ratio
     and the inter-host instances they join."""
+    # one numbering of the hosts, used by the pairs and to name the hosts found
+    host_names = [h for (h,) in con.execute(
+        "SELECT DISTINCT host FROM ranks WHERE run_id = ? AND host IS NOT NULL ORDER BY host", [run_id]).fetchall()]
     pairs = {k: np.asarray(v) for k, v in con.execute("""
+        WITH hosts AS (
+            SELECT host, CAST(row_number() OVER (ORDER BY host) - 1 AS INTEGER) AS host_id
+            FROM (SELECT DISTINCT host FROM ranks WHERE run_id = $1 AND host IS NOT NULL)
+        )
         SELECT DISTINCT p.instance_id, p.host_id, p.class_id, p.transfer_ns FROM (
-            SELECT m.instance_id, dense_rank() OVER (ORDER BY r.host) AS host_id,
-                dense_rank() OVER (ORDER BY c.op, c.bytes) AS class_id, c.transfer_ns
+            SELECT m.instance_id, h.host_id, dense_rank() OVER (ORDER BY c.op, c.bytes) AS class_id, c.transfer_ns
             FROM collperf_instances c
             JOIN _st_members m USING (instance_id)
             JOIN ranks r ON r.run_id = c.run_id AND r.rank = m.rank
-            WHERE c.run_id = ? AND c.spans_hosts AND c.transfer_ns > 0 AND r.host IS NOT NULL) p""",
+            JOIN hosts h ON h.host = r.host
+            WHERE c.run_id = $1 AND c.spans_hosts AND c.transfer_ns > 0) p""",
         [run_id]).fetchnumpy().items()}
     if not len(pairs["instance_id"]):
         return {}
-    host_names = dict(con.execute("""SELECT dense_rank() OVER (ORDER BY host), host FROM
-                                     (SELECT DISTINCT host FROM ranks WHERE run_id = ? AND host IS NOT NULL)""",
-                                  [run_id]).fetchall())
     ratios = {}
     for cls in np.unique(pairs["class_id"]).tolist():
         sel = pairs["class_id"] == cls

@@ -223,7 +223,7 @@ def _insert_run(con, f: Fleet, name: str) -> int:
         """INSERT INTO runs (name, ingested_at, source_path, fingerprint, world_size, num_ranks_ingested, backend,
                device_name, consistent, metadata)
            VALUES (?, now(), 'bprof.synth.fleet', ?, ?, ?, 'nccl', 'synthetic', true, ?) RETURNING run_id""",
-        [name, f"fleet:{dataclasses.astuple(f)}", f.world_size, f.world_size, _json({"synthetic_fleet": layout})]).fetchall()
+        [name, f"fleet:{dataclasses.astuple(f)}", f.world_size, f.world_size, json.dumps({"synthetic_fleet": layout})]).fetchall()
     con.execute("""
         INSERT INTO ranks (run_id, rank, local_rank, host, trace_path, trace_sha256, trace_bytes, time_base, base_time_ns, num_events)
         SELECT ?, r, r % ?, 'node' || (r // ?), 'synthetic', '', 0, 'absolute_us', 0, 0 FROM range(?) t(r)""",
@@ -382,7 +382,3 @@ def _insert_per_rank(con, f: Fleet, sim: _Sim, run_id: int, rank_offset: np.ndar
         con.execute(f"INSERT INTO clock_samples SELECT {run_id}, rank, 0, phase, send, reference, recv FROM _fleet_clock WHERE rank > 0")
     finally:
         con.unregister("_fleet_clock")
-
-
-def _json(value) -> str:
-    return json.dumps(value)
