@@ -202,21 +202,74 @@ def test_real_dataloader_stall_is_the_top_finding_at_the_configured_stall(real_r
     assert set(_phase_ns(con, run_id, "recompute").values()) == {0}
 
 
+def _range_ops_ns(con, run_id, name, op_like="%"):
+    """Per (rank, step): the sum over the trainer's bprof/<name> ranges of the stretch from the first
+    op (named like `op_like`) inside the range to the end of the last one (clipped to the step span).
+    bprof sees ops, not the trainer's Python: the time between a range's edge and its first or last
+    op is invisible."""
+    return dict(((r, s), ns) for r, s, ns in con.execute("""
+        WITH rng AS (
+            SELECT e.rank, e.tid, s.step, greatest(e.ts_ns, s.ts_ns) AS ts_ns,
+                least(e.ts_ns + e.dur_ns, s.ts_ns + s.dur_ns) AS end_ns
+            FROM events e JOIN timeline_spans s ON s.run_id = e.run_id AND s.rank = e.rank
+                 AND e.ts_ns < s.ts_ns + s.dur_ns AND e.ts_ns + e.dur_ns > s.ts_ns
+            WHERE e.run_id = $run_id AND e.name = $name
+        ), core AS (
+            -- ops clipped to the range: a step boundary can fall inside Optimizer.step
+            SELECT r.rank, r.step, r.ts_ns, min(greatest(o.ts_ns, r.ts_ns)) AS first_ns,
+                max(least(o.ts_ns + o.dur_ns, r.end_ns)) AS last_ns
+            FROM rng r JOIN events o ON o.run_id = $run_id AND o.rank = r.rank AND o.tid = r.tid
+                 AND o.kind IN ('cpu_op', 'user_annotation') AND o.name NOT LIKE 'bprof/%'
+                 AND o.name NOT LIKE 'ProfilerStep#%' AND o.name LIKE $op_like
+                 AND o.ts_ns < r.end_ns AND o.ts_ns + o.dur_ns > r.ts_ns
+            GROUP BY ALL
+        )
+        SELECT rank, step, sum(last_ns - first_ns) FROM core GROUP BY ALL""",
+        {"run_id": run_id, "name": f"bprof/{name}", "op_like": op_like}).fetchall())
+
+
+def _outside_ranges_ns(con, run_id):
+    """Per (rank, step): span time inside none of the trainer's bprof/* ranges (the Python between them)."""
+    return dict(((r, s), ns) for r, s, ns in con.execute("""
+        WITH rng AS (
+            SELECT e.rank, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns FROM events e
+            JOIN timeline_threads t ON t.run_id = e.run_id AND t.rank = e.rank AND t.tid = e.tid
+            WHERE e.run_id = $run_id AND e.kind = 'user_annotation' AND e.name LIKE 'bprof/%'
+        ), covered AS (
+            SELECT s.rank, s.step, s.dur_ns, greatest(r.ts_ns, s.ts_ns) AS ts_ns, least(r.end_ns, s.ts_ns + s.dur_ns) AS end_ns
+            FROM timeline_spans s JOIN rng r ON r.rank = s.rank AND r.ts_ns < s.ts_ns + s.dur_ns AND r.end_ns > s.ts_ns
+            WHERE s.run_id = $run_id
+        )
+        SELECT rank, step, any_value(dur_ns) - sum(end_ns - ts_ns) FROM covered GROUP BY ALL""",
+        {"run_id": run_id}).fetchall())
+
+
 @pytest.mark.slow
 def test_real_phases_agree_with_the_trainers_own_ranges(real_runs):
     for con, run_id in real_runs:
-        pairs = [(("data_wait",), "dataloader"), (("forward",), "forward"), (("backward", "recompute"), "backward"),
-                 (("optimizer",), "optimizer")]
-        for phases, rng in pairs:
+        # the phase, the trainer's range, the ops that bprof knows the phase by (any op in forward)
+        pairs = [(("data_wait",), "dataloader", "%"), (("forward",), "forward", "%"),
+                 (("backward", "recompute"), "backward", "autograd::engine::evaluate_function:%"),
+                 (("optimizer",), "optimizer", "Optimizer.%")]
+        outside = _outside_ranges_ns(con, run_id)
+        for phases, rng, op_like in pairs:
             got, want = _phase_ns(con, run_id, *phases), _ranges_ms(con, run_id, rng)
-            assert got.keys() == want.keys() and len(got) == 6
+            ops = _range_ops_ns(con, run_id, rng, op_like)
+            assert got.keys() == want.keys() == ops.keys() and len(got) == 6
             for key in got:
-                # The trainer's ranges wrap the Python around the ops that bprof's phases start and end
-                # at; bprof gives that to a phase only between two of its ops. The autograd engine's
-                # teardown after the last backward function (seen: up to 5 ms of 81) shows no op at all.
-                # Under load the gap after a phase's last op can stretch (seen in CI: optimizer 14.9 ms
-                # against the trainer's 12.7 ms), hence 15% either way.
-                assert 0.85 * want[key] - 1_000_000 <= got[key] <= 1.15 * want[key] + 1_000_000, (phases, key, got[key], want[key])
+                # A phase runs from its first op to its last op in each stretch, so it holds at least
+                # the trainer's range from its first op of the phase to its last. The edges of the range (the
+                # Python before the first op, the autograd engine's teardown after the last backward
+                # function) show no op; under load a descheduled thread stretches them (seen in CI:
+                # 24 ms of an 84 ms backward range). bprof reads the data-loading range itself (its
+                # name says so), so data_wait holds all of it: the sleep inside shows no op either.
+                # A phase can reach past the trainer's range only into time that is in no trainer
+                # range at all (the loss logging between ranges).
+                least = want[key] if rng == "dataloader" else ops[key]
+                assert least - 1_000_000 <= got[key] <= want[key] + outside[key] + 1_000_000, \
+                    (phases, key, got[key], ops[key], want[key], outside[key])
+                # ops fill most of each range (edges of ~1 ms unloaded): the lower bound is not vacuous
+                assert least >= 0.5 * want[key] - 1_000_000, (rng, key, ops[key], want[key])
 
 
 @pytest.mark.slow
