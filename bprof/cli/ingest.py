@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bprof.cli.options import DbOption, JsonOption, print_json
+from bprof.cli.options import BenchmarkOption, BranchOption, CommitOption, DbOption, JsonOption, TagOption, print_json
 from bprof.store.db import open_store
 from bprof.store.ingest import IngestOptions, ingest_paths
 
@@ -27,6 +27,10 @@ def ingest(
     workers: int = typer.Option(2, "--workers", min=1, help="Threads inflating trace files."),
     reduced: bool = typer.Option(False, "--reduced", help="Where a directory holds traces and bprof reduce outputs "
                                                            "(bprof record --reduce), ingest the reduced outputs."),
+    benchmark: Optional[str] = BenchmarkOption,
+    tag: Optional[List[str]] = TagOption,
+    branch: Optional[str] = BranchOption,
+    commit: Optional[str] = CommitOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Ingest traces into the store; a file that fails leaves the store as it was."""
@@ -36,7 +40,9 @@ def ingest(
         with Progress(TextColumn("ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=err, transient=True, disable=as_json or not err.is_terminal) as bar:
             task = bar.add_task("ingest", total=None)
-            results = ingest_paths(con, paths, IngestOptions(name=name, rank=rank, workers=workers, reduced=reduced),
+            options = IngestOptions(name=name, rank=rank, workers=workers, reduced=reduced, benchmark=benchmark,
+                                    tags=tuple(tag or ()), git_branch=branch, git_sha=commit)
+            results = ingest_paths(con, paths, options,
                                    progress=lambda done, total: bar.update(task, completed=done, total=total))
     finally:
         con.close()

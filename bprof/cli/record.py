@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from bprof.cli.options import DbOption
+from bprof.cli.options import BenchmarkOption, BranchOption, CommitOption, DbOption, TagOption
 from bprof.profiler.launcher import RecordOptions, record as run_recording
 from bprof.profiler.windows import DEFAULT_WINDOWS
 from bprof.store.db import open_store
@@ -29,6 +29,10 @@ def record(
     reduce: bool = typer.Option(False, "--reduce", help="Each rank also writes `bprof reduce` of its trace (rank<R>.reduced beside it)."),
     db: Path = DbOption,
     ingest: bool = typer.Option(True, "--ingest/--no-ingest", help="Ingest the run into the store afterwards."),
+    benchmark: Optional[str] = BenchmarkOption,
+    tag: Optional[List[str]] = TagOption,
+    branch: Optional[str] = BranchOption,
+    commit: Optional[str] = CommitOption,
 ) -> None:
     """Run CMD (torchrun, python -m torch.distributed.run, python, ...) with every rank profiled."""
     command = tuple(ctx.args)
@@ -45,7 +49,9 @@ def record(
     if ingest:
         con = open_store(db)
         try:
-            for r in ingest_paths(con, [result.run_dir], IngestOptions(name=name if len(result.windows) == 1 else None)):
+            for r in ingest_paths(con, [result.run_dir], IngestOptions(
+                    name=name if len(result.windows) == 1 else None, benchmark=benchmark, tags=tuple(tag or ()),
+                    git_branch=branch, git_sha=commit)):
                 for warning in r.warnings:
                     typer.echo(f"bprof: warning: run {r.name}: {warning}", err=True)
                 typer.echo(f"bprof: ingested run {r.run_id} ({r.name}): {r.num_ranks} ranks, "

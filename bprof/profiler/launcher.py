@@ -105,7 +105,7 @@ def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
                                      "model_flops": options.model_flops, "reduce": options.reduce}),
         "BPROF_COMMAND": json.dumps(list(options.command)),
         "BPROF_GIT_SHA": _git("rev-parse", "HEAD"),
-        "BPROF_GIT_BRANCH": _git("rev-parse", "--abbrev-ref", "HEAD"),
+        "BPROF_GIT_BRANCH": _git_branch(),
     })
     if single:  # plain `python train.py`: the one process is rank 0
         env["BPROF_SINGLE_PROCESS"] = "1"
@@ -133,3 +133,11 @@ def _git(*args: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def _git_branch() -> str:
+    """The checked-out branch; a detached checkout (CI) says HEAD, then GitHub Actions' variables name it."""
+    branch = _git("rev-parse", "--abbrev-ref", "HEAD")
+    if branch == "HEAD":
+        return os.environ.get("GITHUB_HEAD_REF") or os.environ.get("GITHUB_REF_NAME") or ""
+    return branch

@@ -39,6 +39,11 @@ class IngestOptions:
     work_dir: Path | None = None  # where the events arrays are staged (default: system temp)
     memory_limit: str = "600MB"  # DuckDB's buffer limit while ingesting; past it, DuckDB spills to disk
     reduced: bool = False  # where a directory holds traces and `bprof reduce` outputs, take the latter
+    # CI history labels; each given one replaces what the capture recorded (git_sha, git_branch)
+    benchmark: str | None = None  # groups comparable runs (bprof ci)
+    tags: tuple[str, ...] = ()
+    git_branch: str | None = None
+    git_sha: str | None = None
 
 
 @dataclass
@@ -129,6 +134,7 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)
+    _label_run(con, run_id, options)
     result.num_ranks = len(seen_ranks)
     result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
     result.metadata_by_rank = metas
@@ -152,6 +158,7 @@ def ingest_reduced_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: I
         run_id = _insert_run(con, run, name, fingerprint)
         load_reduced(con, run_id, manifests)
         warnings = _finish_run(con, run_id, {m.rank: m.metadata for m in manifests})
+        _label_run(con, run_id, options)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -299,9 +306,26 @@ def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
          "model_flops": (model or {}).get("model_flops_per_step"), "consistent": not problems,
          "inconsistency": ", ".join(problems) or None, "command": bprof_meta.get("command"),
          "git_sha": bprof_meta.get("git_sha"), "git_branch": bprof_meta.get("git_branch"),
-         "metadata": json.dumps({"bprof": bprof_meta, "bprof_model": model})},
+         "metadata": json.dumps({"bprof": bprof_meta, "bprof_model": model,
+                                 "environment": {k: recorded[k] for k in ENVIRONMENT_FACTS if k in recorded}})},
     )
     return warnings
+
+
+# what `bprof record` notes of each rank's software (rank_hook._environment_facts), kept in runs.metadata
+# so that CI can refuse to compare runs of different torch, CUDA or NCCL versions or thread counts
+ENVIRONMENT_FACTS = ("torch_version", "cuda_version", "nccl_version", "intra_op_threads")
+
+
+def _label_run(con, run_id: int, options: IngestOptions) -> None:
+    """The CI labels given to ingest (or record): each one given replaces what the capture said."""
+    con.execute(
+        """UPDATE runs SET benchmark = coalesce($benchmark, benchmark),
+             tags = CASE WHEN len($tags) > 0 THEN $tags ELSE tags END,
+             git_branch = coalesce($git_branch, git_branch), git_sha = coalesce($git_sha, git_sha)
+           WHERE run_id = $run_id""",
+        {"run_id": run_id, "benchmark": options.benchmark, "tags": list(options.tags),
+         "git_branch": options.git_branch, "git_sha": options.git_sha})
 
 
 def _run_sql(con, filename: str, run_id: int | None, params: dict | None = None) -> None:

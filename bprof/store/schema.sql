@@ -1,4 +1,4 @@
--- The bprof store, schema version 3. Every table and column is documented with COMMENT ON;
+-- The bprof store, schema version 4. Every table and column is documented with COMMENT ON;
 -- tests/store/test_schema.py fails when one is not. Times are int64 nanoseconds: `*_ts_ns`
 -- on the rank's own clock (epoch-based), `*_dur_ns` durations. Sizes say their unit.
 
@@ -405,3 +405,72 @@ COMMENT ON COLUMN reduced_dims.step IS 'Profiler step (-1: whole trace).';
 COMMENT ON COLUMN reduced_dims.dim IS 'Parallel dimension (breakdown_groups.dim of the rank''s reduce).';
 COMMENT ON COLUMN reduced_dims.comm_ns IS 'breakdown_dims.comm_ns: time any call of this dimension was in flight.';
 COMMENT ON COLUMN reduced_dims.exposed_comm_ns IS 'breakdown_dims.exposed_comm_ns: the exposed part of comm_ns.';
+
+CREATE SEQUENCE ci_history_id_seq START 1;
+
+CREATE TABLE ci_runs (
+    history_id INTEGER PRIMARY KEY DEFAULT nextval('ci_history_id_seq'),
+    series VARCHAR NOT NULL,
+    run_name VARCHAR NOT NULL,
+    fingerprint VARCHAR NOT NULL,
+    source_db VARCHAR,
+    benchmark VARCHAR,
+    git_sha VARCHAR,
+    git_branch VARCHAR,
+    tags VARCHAR[],
+    started_at TIMESTAMPTZ,
+    recorded_at TIMESTAMPTZ NOT NULL,
+    facts JSON NOT NULL,
+    critical_rank INTEGER,
+    critical_rank_frac DOUBLE,
+    UNIQUE (series, fingerprint)
+);
+COMMENT ON TABLE ci_runs IS 'CI history: one row per run marked as part of a baseline series (bprof ci record), with what is needed to compare it without its traces. A history file (--history) holds only the ci_* tables.';
+COMMENT ON COLUMN ci_runs.history_id IS 'History-wide identifier; the order runs joined their series.';
+COMMENT ON COLUMN ci_runs.series IS 'Baseline series the run belongs to (bprof ci record --branch, e.g. main).';
+COMMENT ON COLUMN ci_runs.run_name IS 'runs.name of the run in the store it came from.';
+COMMENT ON COLUMN ci_runs.fingerprint IS 'runs.fingerprint: the same traces make the same fingerprint, so a run joins a series once.';
+COMMENT ON COLUMN ci_runs.source_db IS 'Path of the store the run was summarised from.';
+COMMENT ON COLUMN ci_runs.benchmark IS 'runs.benchmark: only runs of the same benchmark are compared.';
+COMMENT ON COLUMN ci_runs.git_sha IS 'runs.git_sha: the commit the run measured.';
+COMMENT ON COLUMN ci_runs.git_branch IS 'runs.git_branch: the branch the run was recorded on.';
+COMMENT ON COLUMN ci_runs.tags IS 'runs.tags.';
+COMMENT ON COLUMN ci_runs.started_at IS 'runs.started_at.';
+COMMENT ON COLUMN ci_runs.recorded_at IS 'When the run joined the series.';
+COMMENT ON COLUMN ci_runs.facts IS 'JSON of what must be equal for two runs to be comparable (device, world size, layout, model FLOPs, versions, peak); see bprof.ci.summary.';
+COMMENT ON COLUMN ci_runs.critical_rank IS 'The rank that set the pace in most steps (largest span minus time waiting for peers).';
+COMMENT ON COLUMN ci_runs.critical_rank_frac IS 'Share of the kept steps in which critical_rank set the pace.';
+
+CREATE TABLE ci_metrics (
+    history_id INTEGER NOT NULL,
+    metric VARCHAR NOT NULL,
+    value DOUBLE,
+    unit VARCHAR NOT NULL,
+    num_steps INTEGER NOT NULL,
+    excluded_steps INTEGER[] NOT NULL,
+    step_spread_frac DOUBLE,
+    not_measurable VARCHAR,
+    PRIMARY KEY (history_id, metric)
+);
+COMMENT ON TABLE ci_metrics IS 'Per-run robust summaries the CI gate compares: the median over the run''s steps, outlier steps excluded.';
+COMMENT ON COLUMN ci_metrics.history_id IS 'Run (ci_runs.history_id).';
+COMMENT ON COLUMN ci_metrics.metric IS 'step_time_ns (job step time: longest rank span of each step) or mfu_frac.';
+COMMENT ON COLUMN ci_metrics.value IS 'Median over the kept steps; NULL when not measurable.';
+COMMENT ON COLUMN ci_metrics.unit IS 'Unit of value (ns, frac).';
+COMMENT ON COLUMN ci_metrics.num_steps IS 'Steps of the run with a value, outliers included.';
+COMMENT ON COLUMN ci_metrics.excluded_steps IS 'Step numbers left out as outliers (modified z-score above 3.5, MAD floored at 1% of the median): checkpoint, evaluation or warm-up steps.';
+COMMENT ON COLUMN ci_metrics.step_spread_frac IS 'Spread of the kept steps: 1.4826 * MAD / median.';
+COMMENT ON COLUMN ci_metrics.not_measurable IS 'Why value is NULL, when it is.';
+
+CREATE TABLE ci_components (
+    history_id INTEGER NOT NULL,
+    family VARCHAR NOT NULL,
+    name VARCHAR NOT NULL,
+    value_ns BIGINT NOT NULL,
+    PRIMARY KEY (history_id, family, name)
+);
+COMMENT ON TABLE ci_components IS 'Parts of a run''s step the CI gate diffs to say why a metric moved: median over kept steps of each part on the step''s critical rank (stragglers: per run).';
+COMMENT ON COLUMN ci_components.history_id IS 'Run (ci_runs.history_id).';
+COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time) or straggler (stragglers_ranks lost_ns of a flagged rank).';
+COMMENT ON COLUMN ci_components.name IS 'The part within its family (compute, gemm, data_wait, dp, rank 3, ...).';
+COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns).';
