@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import analyze, calibrate, export, ingest, record, reduce, runs
+from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, runs
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ export.register(app)
 record.register(app)
 calibrate.register(app)
 reduce.register(app)
+ci.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:
