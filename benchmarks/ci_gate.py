@@ -1,0 +1,180 @@
+"""Can `bprof ci check` be trusted both ways on this noisy machine? A/A: unchanged runs must not be
+called regressions; A/B: planted 5% and 10% slowdowns must be, with the right cause ranked first.
+
+    nice -n 10 .venv/bin/python benchmarks/ci_gate.py --out /work/scratch/ci_gate   # ~25-40 min
+    .venv/bin/python benchmarks/ci_gate.py --out DIR --baseline 5 --aa 2 --ab 1       # a smoke run
+
+One set of settings for everything (printed at the start):
+- the run: `bprof record --steps 3:8` of examples/train_gpt.py on 2 CPU ranks (torchrun, gloo,
+  OMP_NUM_THREADS=1, --tp 1 --dp 2 --layers 2 --hidden 64 --seq 64, 9 steps), analysed by
+  `bprof ci check` itself; MFU's peak from one `bprof calibrate` at the start;
+- the baseline: --baseline runs recorded first, each added to series main (`bprof ci record`);
+- then rounds of [A/A, A/B 5%, A/A, A/B 10%] until --aa A/A and --ab of each A/B are done, so that
+  the machine's drift meets every arm alike. A/A candidates are unchanged runs; after its check each
+  joins series main, as a merged unchanged commit would (the gate compares with the last 10 runs);
+- A/B candidates plant a slowdown with `--slow-rank 1 --slow-ms X`: X is 5% or 10% of the median step
+  time of the baseline series (rank 1 computes X ms more per step; rank 0 waits for it);
+- every candidate is checked with the defaults: `bprof ci check --metric step_time --metric mfu
+  --threshold 3% --confidence 0.99 --baseline main` (last 10 comparable runs).
+
+Scored: A/A exit 0 = right, exit 1 = false alarm, exit 3 = failure. A/B exit 1 with the explanation's
+first part `compute` on the slow rank = detected with the right cause; exit 1 otherwise = detected,
+wrong cause; exit 0 = missed; exit 3 = failure. Every check's JSON and every run's summary are kept
+under --out (results.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER = ROOT / "examples" / "train_gpt.py"
+TRAINER_ARGS = ["--tp", "1", "--dp", "2", "--layers", "2", "--hidden", "64", "--seq", "64", "--steps", "9"]
+STEPS = "3:8"
+NPROC = 2
+SLOW_RANK = 1
+BENCHMARK = "gpt-tiny-cpu2"
+UPSTREAM_EXIT_ABORT = "terminate called without an active exception"  # torch 2.13 at interpreter exit
+
+
+def bprof(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bprof.cli.main", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+
+def record(out: Path, name: str, extra: list[str]) -> str:
+    """One recorded run into out/bench.duckdb; retried once when torch aborted at exit."""
+    for attempt in range(2):
+        run_name = name if attempt == 0 else f"{name}-retry"
+        done = bprof("record", "--out", str(out / "runs" / run_name), "--db", "bench.duckdb", "--name", run_name,
+                     "--steps", STEPS, "--benchmark", BENCHMARK, "--branch", "main", "--",
+                     sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
+                     str(TRAINER), *TRAINER_ARGS, *extra, cwd=out)
+        if done.returncode == 0:
+            return run_name
+        if UPSTREAM_EXIT_ABORT not in done.stderr:
+            break
+    raise SystemExit(f"recording {name} failed:\n{done.stderr[-3000:]}")
+
+
+def check(out: Path, run: str) -> tuple[int, dict]:
+    done = bprof("ci", "check", run, "--db", "bench.duckdb", "--metric", "step_time", "--metric", "mfu", "--json", cwd=out)
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        data = {"status": "error", "reason": done.stderr.strip()}
+    return done.returncode, data
+
+
+def ci_record(out: Path, run: str) -> None:
+    done = bprof("ci", "record", run, "--db", "bench.duckdb", "--branch", "main", cwd=out)
+    if done.returncode != 0:
+        raise SystemExit(f"ci record {run} failed: {done.stderr}")
+
+
+def median_step_ms(out: Path) -> float:
+    import duckdb
+
+    con = duckdb.connect(str(out / "bench.duckdb"), read_only=True)
+    try:
+        return con.execute("""SELECT median(m.value) / 1e6 FROM ci_metrics m JOIN ci_runs r USING (history_id)
+                              WHERE r.series = 'main' AND m.metric = 'step_time_ns'""").fetchone()[0]
+    finally:
+        con.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="work directory (must not hold a previous bench.duckdb)")
+    parser.add_argument("--baseline", type=int, default=10, help="baseline runs recorded first")
+    parser.add_argument("--aa", type=int, default=20, help="A/A candidates")
+    parser.add_argument("--ab", type=int, default=10, help="A/B candidates of each planted slowdown")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "bench.duckdb").exists():
+        raise SystemExit(f"{out / 'bench.duckdb'} exists: pick a fresh --out")
+    started = time.time()
+    print(f"ci_gate: {NPROC} CPU ranks, train_gpt {' '.join(TRAINER_ARGS)}, bprof record --steps {STEPS}; "
+          f"{args.baseline} baseline runs, {args.aa} A/A, {args.ab} A/B at 5% and at 10%; "
+          f"check: --threshold 3% --confidence 0.99, last 10 runs; load average {os.getloadavg()}", flush=True)
+    cal = bprof("calibrate", "--db", "bench.duckdb", "--dtype", "fp32", cwd=out)
+    if cal.returncode != 0:
+        raise SystemExit(f"calibrate failed: {cal.stderr}")
+    for i in range(args.baseline):
+        name = record(out, f"base{i:02d}", [])
+        ci_record(out, name)
+        print(f"baseline {name}", flush=True)
+    step_ms = median_step_ms(out)
+    slow_ms = {"ab5": round(0.05 * step_ms, 2), "ab10": round(0.10 * step_ms, 2)}
+    print(f"baseline median step {step_ms:.2f} ms: planted --slow-ms {slow_ms['ab5']} (5%) and {slow_ms['ab10']} (10%) "
+          f"on rank {SLOW_RANK}", flush=True)
+
+    results = []
+    todo = {"aa": args.aa, "ab5": args.ab, "ab10": args.ab}
+    pattern = ["aa", "ab5", "aa", "ab10"]
+    k = 0
+    while any(todo.values()):
+        arm = pattern[k % len(pattern)]
+        k += 1
+        if not todo[arm]:
+            continue
+        todo[arm] -= 1
+        extra = [] if arm == "aa" else ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms[arm])]
+        name = record(out, f"{arm}-{k:03d}", extra)
+        rc, data = check(out, name)
+        if arm == "aa" and rc in (0, 1):
+            ci_record(out, name)  # unchanged code joins main's history, regression or not (as a merge would)
+        results.append(score(arm, name, rc, data))
+        r = results[-1]
+        print(f"{arm:5} {name:12} exit {rc}  {r['outcome']:24} step {r['change']}  {r['why'][:110]}", flush=True)
+    (out / "results.json").write_text(json.dumps({"slow_ms": slow_ms, "baseline_step_ms": step_ms,
+                                                   "results": results}, indent=1))
+    print_rates(results, args)
+    print(f"ci_gate: {(time.time() - started) / 60:.1f} min; load average at the end {os.getloadavg()}")
+    return 0
+
+
+def score(arm: str, name: str, rc: int, data: dict) -> dict:
+    step = next((m for m in data.get("metrics", []) if m["metric"] == "step_time"), None)
+    e = data.get("explanation") or {}
+    right_cause = e.get("top_part") == "compute" and e.get("critical_rank") == SLOW_RANK
+    if rc == 3 or rc not in (0, 1):
+        outcome = "failure (exit %d)" % rc
+    elif arm == "aa":
+        outcome = "false alarm" if rc == 1 else "pass"
+    elif rc == 1:
+        outcome = "detected, right cause" if right_cause else "detected, wrong cause"
+    else:
+        outcome = "missed"
+    return {"arm": arm, "run": name, "exit": rc, "outcome": outcome, "right_cause_first": right_cause,
+            "change": f"{step['change_frac']:+.1%}" if step else "?", "p_value": step["p_value"] if step else None,
+            "why": e.get("headline") or data.get("reason", ""), "check": data}
+
+
+def print_rates(results: list[dict], args) -> None:
+    aa = [r for r in results if r["arm"] == "aa"]
+    alarms = sum(r["outcome"] == "false alarm" for r in aa)
+    aa_fail = sum(r["outcome"].startswith("failure") for r in aa)
+    print(f"A/A: {len(aa)} unchanged candidates: {alarms} false alarms, {aa_fail} exit 3; "
+          f"false-alarm rate {(alarms + aa_fail) / max(len(aa), 1):.0%} (exit 3 counted as a failure)")
+    for arm, label in (("ab5", "5%"), ("ab10", "10%")):
+        rows = [r for r in results if r["arm"] == arm]
+        right = sum(r["outcome"] == "detected, right cause" for r in rows)
+        wrong = sum(r["outcome"] == "detected, wrong cause" for r in rows)
+        missed = sum(r["outcome"] == "missed" for r in rows)
+        fail = sum(r["outcome"].startswith("failure") for r in rows)
+        cause_first = sum(r["right_cause_first"] for r in rows)
+        print(f"A/B {label}: {len(rows)} candidates: detected with the right cause first {right}, detected with "
+              f"another cause {wrong}, missed {missed}, exit 3 {fail}; detection rate {(right + wrong) / max(len(rows), 1):.0%}, "
+              f"right cause ranked first in {cause_first}/{len(rows)} (detected or not)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
