@@ -3,6 +3,7 @@ called regressions; A/B: planted 5% and 10% slowdowns must be, with the right ca
 
     nice -n 10 .venv/bin/python benchmarks/ci_gate.py --out /work/scratch/ci_gate   # ~25-40 min
     .venv/bin/python benchmarks/ci_gate.py --out DIR --baseline 5 --aa 2 --ab 1       # a smoke run
+    .venv/bin/python benchmarks/ci_gate.py --reanalyse DIR/results.json              # the rates again
 
 One set of settings for everything (printed at the start):
 - the run: `bprof record --steps 3:8` of examples/train_gpt.py on 2 CPU ranks (torchrun, gloo,
@@ -91,11 +92,19 @@ def median_step_ms(out: Path) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="work directory (must not hold a previous bench.duckdb)")
+    parser.add_argument("--out", type=Path, help="work directory (must not hold a previous bench.duckdb)")
+    parser.add_argument("--reanalyse", type=Path, help="print the rates of a previous run's results.json and exit")
     parser.add_argument("--baseline", type=int, default=10, help="baseline runs recorded first")
     parser.add_argument("--aa", type=int, default=20, help="A/A candidates")
     parser.add_argument("--ab", type=int, default=10, help="A/B candidates of each planted slowdown")
     args = parser.parse_args()
+    if args.reanalyse:
+        saved = json.loads(args.reanalyse.read_text())
+        print(f"baseline median step {saved['baseline_step_ms']:.2f} ms; planted --slow-ms {saved['slow_ms']}")
+        print_rates(saved["results"], args)
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     if (out / "bench.duckdb").exists():
@@ -162,8 +171,17 @@ def print_rates(results: list[dict], args) -> None:
     aa = [r for r in results if r["arm"] == "aa"]
     alarms = sum(r["outcome"] == "false alarm" for r in aa)
     aa_fail = sum(r["outcome"].startswith("failure") for r in aa)
+    improvements = sum(any(m["verdict"] == "improvement" for m in r["check"].get("metrics", [])) for r in aa)
     print(f"A/A: {len(aa)} unchanged candidates: {alarms} false alarms, {aa_fail} exit 3; "
-          f"false-alarm rate {(alarms + aa_fail) / max(len(aa), 1):.0%} (exit 3 counted as a failure)")
+          f"false-alarm rate {(alarms + aa_fail) / max(len(aa), 1):.0%} (exit 3 counted as a failure); "
+          f"improvements called (exit 0) {improvements}")
+    bands = sorted(m["band_high"] / m["baseline_center"] - 1 for r in results for m in r["check"].get("metrics", [])
+                   if m["metric"] == "step_time")
+    changes = sorted(abs(m["change_frac"]) for r in aa for m in r["check"].get("metrics", []) if m["metric"] == "step_time")
+    if bands:
+        print(f"noise: the step-time band's upper edge was +{bands[len(bands) // 2]:.1%} over the baseline (median "
+              f"over checks; range +{bands[0]:.1%} to +{bands[-1]:.1%}); A/A |change| median {changes[len(changes) // 2]:.1%}, "
+              f"max {changes[-1]:.1%}")
     for arm, label in (("ab5", "5%"), ("ab10", "10%")):
         rows = [r for r in results if r["arm"] == arm]
         right = sum(r["outcome"] == "detected, right cause" for r in rows)

@@ -27,7 +27,10 @@ def register(app: typer.Typer) -> None:
 
 @contextmanager
 def _stores(db: Path, history: Optional[Path], *, history_must_exist: bool) -> Iterator[tuple]:
-    """(store connection, history connection); the same connection when there is no separate history."""
+    """(store connection, history connection); the same connection when there is no separate history.
+    The store is opened for writing (a run not analysed yet is analysed first), but never created."""
+    if not Path(db).exists():
+        raise UsageError(f"{db}: no bprof store here (run `bprof record` or `bprof ingest` first, or pass --db)")
     con = open_store(db)
     try:
         if history is None or Path(history).resolve() == Path(db).resolve():
@@ -40,6 +43,19 @@ def _stores(db: Path, history: Optional[Path], *, history_must_exist: bool) -> I
             yield con, hist
         finally:
             hist.close()
+    finally:
+        con.close()
+
+
+@contextmanager
+def _history_only(db: Path, history: Optional[Path]) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The history to read: --history, else the --db store (read-only; neither is created)."""
+    path = history if history is not None else db
+    if not Path(path).exists():
+        raise UsageError(f"{path}: no history here (add runs with `bprof ci record RUN --branch BRANCH`)")
+    con = open_store(path, read_only=True)
+    try:
+        yield con
     finally:
         con.close()
 
@@ -165,7 +181,7 @@ def trend(
     if not 0.5 < confidence < 1:
         raise UsageError(f"--confidence must be in (0.5, 1), got {confidence}")
     store_name, unit, _ = METRICS[metric]
-    with _stores(db, history, history_must_exist=True) as (_con, hist):
+    with _history_only(db, history) as hist:
         if branch not in series_names(hist):
             raise UsageError(f"no series {branch!r} in the history (series: {', '.join(series_names(hist)) or 'none yet'})")
         if benchmark is None:

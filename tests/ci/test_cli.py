@@ -124,6 +124,9 @@ def test_unknown_run_and_missing_history_exit_2(stores, tmp_path):
     assert missing.returncode == 2 and "no history file here" in missing.stderr
     nobase = bprof("ci", "check", "same", "--db", db, "--history", history, "--baseline", "release")
     assert nobase.returncode == 2 and "no baseline series or run 'release'" in nobase.stderr
+    nodb = bprof("ci", "check", "--db", tmp_path / "none.duckdb")
+    assert nodb.returncode == 2 and "none.duckdb: no bprof store here" in nodb.stderr
+    assert not (tmp_path / "none.duckdb").exists()
 
 
 def test_trend_names_the_run_where_the_step_time_shifted(tmp_path):
