@@ -208,7 +208,8 @@ def comparability(candidate: dict, baseline: dict, with_mfu: bool) -> list[str]:
 
 
 def unknown_facts(candidate: dict, baseline: dict) -> list[str]:
-    return sorted(k for k in set(candidate) | set(baseline) if candidate.get(k) is None or baseline.get(k) is None)
+    """Facts known on one side only (None on both, such as the CUDA version of CPU runs, is agreement)."""
+    return sorted(k for k in set(candidate) | set(baseline) if (candidate.get(k) is None) != (baseline.get(k) is None))
 
 
 def _show(v) -> str:

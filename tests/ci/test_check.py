@@ -1,0 +1,129 @@
+"""The gate's decisions and explanations on stored per-run summaries of real recordings."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from bprof.ci.check import CheckOptions, NotEnoughData, check
+from bprof.ci.summary import MetricSummary, comparability
+from tests.ci.samples import load, series, with_facts
+
+LOADED = load("loaded_machine")
+BASES = [LOADED[f"base{i}"] for i in range(1, 9)]
+GATE = load("ci_gate_run1")
+GATE_BASES = [GATE[f"base{i:02d}"] for i in range(10)]
+
+
+def scaled(summary, factor: float, name: str):
+    """The summary of a run whose steps all took `factor` times as long (MFU divided by it)."""
+    m = summary.metrics
+    return replace(summary, run_name=name, fingerprint=name, metrics={
+        "step_time_ns": replace(m["step_time_ns"], value=m["step_time_ns"].value * factor),
+        "mfu_frac": replace(m["mfu_frac"], value=m["mfu_frac"].value / factor)})
+
+
+def test_an_unchanged_run_passes_and_the_run_is_never_its_own_baseline():
+    result = check(LOADED["base8"], series(BASES))
+    assert result.status == "pass"
+    assert [b.run_name for b in result.baseline] == [f"base{i}" for i in range(1, 8)]
+    assert {v.verdict for v in result.verdicts} == {"pass"}
+
+
+def test_on_a_loaded_machine_a_real_2x_straggler_stays_inside_the_noise_band():
+    # base1..8 ran at 72..229 ms per step while the machine was loaded; slow1's +30% is inside
+    result = check(LOADED["slow1"], series(BASES), CheckOptions(metrics=("step_time",)))
+    [v] = result.verdicts
+    assert v.verdict == "pass" and v.above_threshold and not v.outside_band
+    assert "within the baseline's noise" in v.reason
+    assert v.band_low < v.candidate < v.band_high
+
+
+def test_the_explanation_names_the_slow_ranks_compute_and_the_new_straggler():
+    e = check(LOADED["slow1"], series(BASES), CheckOptions(metrics=("step_time",))).explanation
+    assert e.top_part == "compute" and e.critical_rank == 1
+    assert e.parts[0].delta_ns > 0 and not e.parts[0].within_noise
+    straggler = next(c for c in e.refinements if c.family == "straggler")
+    assert straggler.name == "rank 1" and straggler.baseline_ns == 0 and straggler.candidate_ns > 0
+    assert "compute on rank 1" in e.headline and "rank 1 is a new straggler" in e.headline
+
+
+def test_a_dataloader_stall_is_explained_by_the_data_wait_phase():
+    e = check(LOADED["stall"], series(BASES), CheckOptions(metrics=("step_time",))).explanation
+    inner = [c for c in e.refinements if c.family == "phase"]
+    assert inner[0].name == "data_wait" and inner[0].delta_ns > 0
+    assert "phase data_wait" in e.headline
+
+
+def test_a_planted_4x_slowdown_is_a_regression_on_both_metrics_and_a_4x_speedup_an_improvement():
+    slow = check(scaled(GATE["aa-001"], 4.0, "slow"), series(GATE_BASES))
+    assert slow.status == "regression"
+    assert [(v.metric, v.verdict) for v in slow.verdicts] == [("step_time", "regression"), ("mfu", "regression")]
+    step = slow.verdicts[0]
+    assert step.change_frac == pytest.approx(4.0 * GATE["aa-001"].metrics["step_time_ns"].value / step.baseline_center - 1)
+    assert step.candidate > step.band_high and step.p_value < 0.01
+    fast = check(scaled(GATE["aa-001"], 0.25, "fast"), series(GATE_BASES))
+    assert fast.status == "pass" and {v.verdict for v in fast.verdicts} == {"improvement"}
+
+
+def test_ci_gate_run1_no_candidate_is_called_in_its_noise():
+    # what benchmarks/ci_gate.py measured: baseline runs at 76-168 ms per step, a 99% band up to
+    # +149% over their center; unchanged runs and 5%/10% slowdowns alike stay inside it
+    for name, summary in GATE.items():
+        if name.startswith("base"):
+            continue
+        result = check(summary, series(GATE_BASES))
+        assert result.status == "pass", name
+        step = result.verdicts[0]
+        assert not step.outside_band and step.band_high / step.baseline_center - 1 == pytest.approx(1.491, abs=0.001)
+
+
+def test_outside_the_band_but_under_the_threshold_is_not_a_regression():
+    # a baseline with no spread: any change is outside its band, but 2% is under the 3% threshold
+    flat = [scaled(LOADED["base8"], 1.0, f"b{i}") for i in range(5)]
+    result = check(scaled(LOADED["base8"], 1.02, "c"), series(flat), CheckOptions(metrics=("step_time",)))
+    [v] = result.verdicts
+    assert v.outside_band and not v.above_threshold and v.verdict == "pass"
+    assert check(scaled(LOADED["base8"], 1.04, "c"), series(flat), CheckOptions(metrics=("step_time",))).status == "regression"
+
+
+def test_too_few_baseline_runs_is_not_enough_data():
+    with pytest.raises(NotEnoughData, match=r"^not enough data: 4 baseline runs in series 'main' for benchmark 'gpt-tiny', need 5"):
+        check(LOADED["slow1"], series(BASES[:4]))
+
+
+def test_runs_that_differ_are_refused_naming_the_difference():
+    candidate = with_facts(LOADED["slow1"], torch_version="2.14.0", world_size=4)
+    bases = [with_facts(b, torch_version="2.13.0") for b in BASES]
+    with pytest.raises(NotEnoughData, match=r"^not comparable: run 'slow1' differs from baseline run 'base8' of series "
+                                            r"'main': torch_version 2.14.0 \(candidate\) vs 2.13.0 \(baseline\); "
+                                            r"world_size 4 \(candidate\) vs 2 \(baseline\)"):
+        check(candidate, series(bases))
+    # an unknown fact is not a difference, and a different peak matters to MFU only
+    assert comparability({"torch_version": None}, {"torch_version": "2.13.0"}, with_mfu=True) == []
+    peak = with_facts(LOADED["slow1"], peak_flops_per_s_per_device=1.0)
+    check(peak, series(BASES), CheckOptions(metrics=("step_time",)))
+    with pytest.raises(NotEnoughData, match="peak_flops_per_s_per_device"):
+        check(peak, series(BASES), CheckOptions(metrics=("mfu",)))
+
+
+def test_an_unmeasurable_mfu_is_not_enough_data_with_the_reason():
+    no_peak = replace(LOADED["slow1"], metrics={**LOADED["slow1"].metrics, "mfu_frac": MetricSummary(
+        None, "frac", 5, [], None, "the device peak is unknown (run `bprof calibrate` on the host, or analyze with --peak-tflops)")})
+    with pytest.raises(NotEnoughData, match=r"mfu of run 'slow1' is not measurable: the device peak is unknown"):
+        check(no_peak, series(BASES))
+
+
+def test_the_stored_summaries_are_medians_of_kept_steps():
+    # what the data says of itself: outliers listed, values positive, and with an odd number of kept
+    # steps the median MFU is the MFU of the median step: FLOPs / (step x peak x ranks)
+    checked = 0
+    for s in [*LOADED.values(), *GATE.values()]:
+        step, mfu = s.metrics["step_time_ns"], s.metrics["mfu_frac"]
+        assert step.value > 0 and step.num_steps == 5 and set(step.excluded_steps) <= set(range(3, 8))
+        if (step.num_steps - len(step.excluded_steps)) % 2 == 1:
+            peak = s.facts["peak_flops_per_s_per_device"]
+            assert mfu.value == pytest.approx(s.facts["model_flops_per_step"] / (step.value * 1e-9 * peak * 2), rel=1e-9)
+            checked += 1
+    assert checked >= 20
