@@ -67,7 +67,10 @@ def _summary(con: duckdb.DuckDBPyConnection, run: Optional[str]):
 
     run_id = resolve_run(con, run)
     if not con.execute("SELECT count(*) FROM step_metrics WHERE run_id = ?", [run_id]).fetchone()[0]:
-        analyze_run(con, run_id)
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"analysing run {run_id} first (bprof analyze)") as status:
+            analyze_run(con, run_id, progress=lambda name: status.update(f"analysing run {run_id} first: {name}"))
     return summarize(con, run_id)
 
 
