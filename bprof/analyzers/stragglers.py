@@ -21,6 +21,7 @@ import statistics
 import duckdb
 import numba
 import numpy as np
+import pyarrow as pa
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
 from bprof.analyzers.counterfactual import StepGraph, exit_offsets, replay_in_order, work_segments
@@ -46,7 +47,8 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     job_steps, gains = [], {}
     priced = set(candidates).union(*hosts.values())
     steps = _analysed_steps(con, run_id)
-    for step in _steps(con, run_id, steps, priced):
+    evidence = _MemberEvidence()
+    for step in _steps(con, run_id, steps, priced, evidence):
         job_steps.append(step.step_ns)
         for r in candidates:
             gains.setdefault(("rank", r), []).append(step.gain({r}))
@@ -54,6 +56,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
             gains.setdefault(("host", host), []).append(step.gain(ranks))
         for host, (ratio, slowed) in links.items():
             gains.setdefault(("link", host), []).append(step.link_gain(slowed, ratio))
+    evidence.write(con, run_id)
     if not job_steps:
         return result
     median_step = statistics.median(job_steps)
@@ -79,27 +82,67 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
 def _analysed_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
     """Steps with complete instances and spans: the steps the counterfactual replays."""
     return [s for (s,) in con.execute("""
-        SELECT DISTINCT step FROM _st_members WHERE step IN (SELECT step FROM timeline_spans WHERE run_id = ? AND step >= 0)
+        SELECT DISTINCT step FROM _st_instances WHERE step IN (SELECT step FROM timeline_spans WHERE run_id = ? AND step >= 0)
         ORDER BY step""", [run_id]).fetchall()]
 
 
-def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced: set[int]):
+class _MemberEvidence:
+    """Per rank, what only its member rows tell: how many instances it joined, and the median transfer
+    ratio of its instances per step (then the median over steps); gathered while the steps are read."""
+
+    def __init__(self):
+        self.count: dict[int, int] = {}
+        self.ratios: dict[int, list[float]] = {}
+
+    def add(self, g: StepGraph, ratio: np.ndarray) -> None:
+        counts = np.bincount(g.row_span, minlength=len(g.span_rank))
+        medians = _median_by_run(g.row_span, ratio, len(g.span_rank))
+        for rank, n, med in zip(g.span_rank.tolist(), counts.tolist(), medians.tolist()):
+            self.count[rank] = self.count.get(rank, 0) + n
+            if med == med:  # not NaN: the rank has instances with a transfer time this step
+                self.ratios.setdefault(rank, []).append(med)
+
+    def write(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+        ranks = sorted(self.count)
+        table = pa.table({
+            "rank": pa.array(ranks, pa.int32()),
+            "num_instances": pa.array([self.count[r] for r in ranks], pa.int64()),
+            "transfer_ratio": pa.array([statistics.median(self.ratios[r]) if r in self.ratios else None for r in ranks],
+                                       pa.float64())})
+        con.register("_st_evidence", table)
+        try:
+            con.execute("""
+                UPDATE stragglers_ranks s SET num_instances = e.num_instances, transfer_ratio = e.transfer_ratio,
+                    last_frac = s.num_last / nullif(e.num_instances, 0)
+                FROM _st_evidence e WHERE s.run_id = ? AND s.rank = e.rank""", [run_id])
+        finally:
+            con.unregister("_st_evidence")
+
+
+def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced: set[int], evidence: _MemberEvidence):
     """Each step's replay graph of its complete instances with each member row's role (op/group
-    size), ready to price sets of ranks; one step at a time."""
+    size), ready to price sets of ranks; one step at a time (members read per step, never all at once)."""
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
                              [run_id]).fetchall()) if table_exists(con, "bubbles_stages") else {}
     for step in steps:
-        m = {k: np.asarray(v) for k, v in con.execute(
-            "SELECT instance_id, rank, arrival_aligned_ns, end_aligned_ns, role_id FROM _st_members WHERE step = ?",
+        inst = {k: np.asarray(v) for k, v in con.execute(
+            "SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio FROM _st_instances WHERE step = ? ORDER BY dense_id",
             [step]).fetchnumpy().items()}
+        m = {k: np.asarray(v) for k, v in con.execute("""
+            SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
+                -- what the member does: its op and group size; a send and a recv are different roles
+                CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
+            FROM match_members m JOIN _st_instances i USING (instance_id)
+            WHERE m.run_id = ? AND i.step = ? AND m.arrival_aligned_ns IS NOT NULL""", [run_id, step]).fetchnumpy().items()}
         spans = {k: np.asarray(v) for k, v in con.execute("""
             SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
                 s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
             FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
             WHERE s.run_id = ? AND s.step = ?""", [run_id, step]).fetchnumpy().items()}
-        g = StepGraph.build(m["instance_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
-                            spans["rank"], spans["start_ns"], spans["end_ns"])
+        g = StepGraph.build(m["dense_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
+                            spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=inst["instance_id"])
         role = m["role_id"][g.source_row].astype(np.int64)
+        evidence.add(g, inst["ratio"][g.instance])
         del m
         stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
         yield _Step(g, role, stages, priced)
@@ -265,6 +308,23 @@ def _rank_finding(rank: int, s, lost_ns: int, cause: str, median_step: float, th
 
 
 @numba.njit(cache=True, nogil=True)
+def _median_by_run(key, values, n):  # pragma: no cover - compiled
+    """For rows sorted by key (0..n-1): per key, the median of its values that are not NaN (NaN when none)."""
+    out = np.full(n, np.nan)
+    i = 0
+    while i < len(key):
+        j = i
+        while j < len(key) and key[j] == key[i]:
+            j += 1
+        chunk = values[i:j]
+        chunk = chunk[~np.isnan(chunk)]
+        if len(chunk):
+            out[key[i]] = np.median(chunk)
+        i = j
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
 def _occurrence(span, role, roles):  # pragma: no cover - compiled
     """For rows sorted by rank (span index) and chain order: which occurrence of its role on its
     rank each row is (0, 1, ...)."""
@@ -351,7 +411,7 @@ def _link_candidates(con, run_id: int) -> dict[str, tuple[float, np.ndarray]]:
         SELECT DISTINCT p.instance_id, p.host_id, p.class_id, p.transfer_ns FROM (
             SELECT m.instance_id, h.host_id, dense_rank() OVER (ORDER BY c.op, c.bytes) AS class_id, c.transfer_ns
             FROM collperf_instances c
-            JOIN _st_members m USING (instance_id)
+            JOIN match_members m ON m.run_id = c.run_id AND m.instance_id = c.instance_id
             JOIN ranks r ON r.run_id = c.run_id AND r.rank = m.rank
             JOIN hosts h ON h.host = r.host
             WHERE c.run_id = $1 AND c.spans_hosts AND c.transfer_ns > 0) p""",
