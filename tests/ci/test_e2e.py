@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from bprof.store.db import open_store
 from tests.analyzers.recorded import record_train_gpt
 
 SMALL = ["--layers", "2", "--hidden", "64", "--seq", "64"]
@@ -43,3 +44,13 @@ def test_a_planted_straggler_fails_the_gate_and_is_named(tmp_path):
     assert (why["top_part"], why["critical_rank"]) == ("compute", 1)
     assert why["headline"].startswith("compute on rank 1 ")
     assert why["parts"][0]["delta_ns"] > 0.5 * slow_ms * 1e6
+    # bprof record kept what comparability needs: the ranks' torch version and thread count, the labels
+    con = open_store(db, read_only=True)
+    try:
+        benchmark, branch, metadata = con.execute("SELECT benchmark, git_branch, metadata FROM runs").fetchone()
+    finally:
+        con.close()
+    environment = json.loads(metadata)["environment"]
+    assert (benchmark, branch) == ("e2e", "main")
+    assert environment["torch_version"].startswith("2.") and environment["intra_op_threads"] == 1
+    assert data["unknown_facts"] == []
