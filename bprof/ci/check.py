@@ -74,14 +74,15 @@ class CheckResult:
         return [v for v in self.verdicts if v.verdict == "regression"]
 
 
-def check(candidate: RunSummary, series: list[Entry], options: CheckOptions = CheckOptions()) -> CheckResult:
+def check(candidate: RunSummary, series: list[Entry], options: CheckOptions = CheckOptions(),
+          series_name: str | None = None) -> CheckResult:
     """Compare `candidate` with the last comparable runs of `series` (oldest first); NotEnoughData when
     the answer cannot be trusted."""
     for m in options.metrics:
         if m not in METRICS:
             raise ValueError(f"unknown metric {m!r}")
     with_mfu = "mfu" in options.metrics
-    series_name = series[-1].series if series else "?"
+    series_name = series_name or (series[-1].series if series else "?")
     comparable, skipped = [], []
     for entry in series:
         s = entry.summary

@@ -86,10 +86,11 @@ def load_series(con: duckdb.DuckDBPyConnection, series: str, benchmark: str | No
     return out
 
 
-def resolve_baseline(con: duckdb.DuckDBPyConnection, baseline: str, benchmark: str | None) -> list[Entry]:
-    """--baseline: a series name (its runs), or a run's name in the history (its series up to that run)."""
+def resolve_baseline(con: duckdb.DuckDBPyConnection, baseline: str, benchmark: str | None) -> tuple[str, list[Entry]]:
+    """--baseline: a series name (its runs of `benchmark`), or a run's name in the history (its series up
+    to that run, of that run's benchmark); (series name, entries oldest first)."""
     if baseline in series_names(con):
-        return load_series(con, baseline, benchmark)
+        return baseline, load_series(con, baseline, benchmark)
     row = con.execute("SELECT history_id, series, benchmark FROM ci_runs WHERE run_name = ? ORDER BY history_id DESC LIMIT 1",
                       [baseline]).fetchone()
     if row is None:
@@ -97,4 +98,4 @@ def resolve_baseline(con: duckdb.DuckDBPyConnection, baseline: str, benchmark: s
         raise UsageError(f"no baseline series or run {baseline!r} in the history (series: {known}; "
                          f"add runs with `bprof ci record RUN --branch {baseline}`)")
     history_id, series, run_benchmark = row
-    return load_series(con, series, run_benchmark, up_to_history_id=history_id)
+    return series, load_series(con, series, run_benchmark, up_to_history_id=history_id)

@@ -141,7 +141,8 @@ def check(
     try:
         with _stores(db, history, history_must_exist=True) as (con, hist):
             candidate = _summary(con, run)
-            result = run_check(candidate, resolve_baseline(hist, baseline, candidate.benchmark), options)
+            name, entries = resolve_baseline(hist, baseline, candidate.benchmark)
+            result = run_check(candidate, entries, options, series_name=name)
     except BprofError as exc:
         if exc.exit_code == 3:  # CI still gets its report of why nothing was decided
             _write(junit, report.check_junit(None, str(exc)))

@@ -44,6 +44,7 @@ def stores(tmp_path):
     insert_run(con, "same", steps(100_300_000))
     insert_run(con, "slow", steps(130_000_000))
     insert_run(con, "newtorch", steps(100_000_000), torch_version="2.14.0")
+    insert_run(con, "benchx", steps(100_000_000), benchmark="other")
     hist = open_store(history)
     for i in range(len(BASE_STEP_NS)):  # what `bprof ci record base<i> --branch main --history` does, in-process
         save(hist, summarize(con, resolve_run(con, f"base{i}")), "main", str(db))
@@ -124,6 +125,10 @@ def test_unknown_run_and_missing_history_exit_2(stores, tmp_path):
     assert missing.returncode == 2 and "no history file here" in missing.stderr
     nobase = bprof("ci", "check", "same", "--db", db, "--history", history, "--baseline", "release")
     assert nobase.returncode == 2 and "no baseline series or run 'release'" in nobase.stderr
+    other = bprof("ci", "check", "benchx", "--db", db, "--history", history)
+    assert other.returncode == 3
+    assert other.stderr.splitlines() == ["bprof: error: not enough data: 0 baseline runs in series 'main' for benchmark "
+                                         "'other', need 5 (add runs with `bprof ci record RUN --branch main`)"]
     nodb = bprof("ci", "check", "--db", tmp_path / "none.duckdb")
     assert nodb.returncode == 2 and "none.duckdb: no bprof store here" in nodb.stderr
     assert not (tmp_path / "none.duckdb").exists()

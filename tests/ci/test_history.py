@@ -35,9 +35,12 @@ def test_baseline_by_series_or_by_run(tmp_path):
     try:
         for i in range(1, 9):
             save(con, LOADED[f"base{i}"], "main", None)
-        assert [e.summary.run_name for e in resolve_baseline(con, "main", "gpt-tiny")] == [f"base{i}" for i in range(1, 9)]
+        name, entries = resolve_baseline(con, "main", "gpt-tiny")
+        assert (name, [e.summary.run_name for e in entries]) == ("main", [f"base{i}" for i in range(1, 9)])
         # a run of the history: its series up to and including that run
-        assert [e.summary.run_name for e in resolve_baseline(con, "base5", "gpt-tiny")] == [f"base{i}" for i in range(1, 6)]
+        name, entries = resolve_baseline(con, "base5", "gpt-tiny")
+        assert (name, [e.summary.run_name for e in entries]) == ("main", [f"base{i}" for i in range(1, 6)])
+        assert resolve_baseline(con, "main", "other-benchmark") == ("main", [])
         with pytest.raises(UsageError, match=r"no baseline series or run 'nightly' in the history \(series: main;"):
             resolve_baseline(con, "nightly", "gpt-tiny")
     finally:
