@@ -56,6 +56,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
             gains.setdefault(("host", host), []).append(step.gain(ranks))
         for host, (ratio, slowed) in links.items():
             gains.setdefault(("link", host), []).append(step.link_gain(slowed, ratio))
+        del step  # before the next step is built: two steps' arrays at once would double the peak
     evidence.write(con, run_id)
     if not job_steps:
         return result
@@ -162,11 +163,13 @@ class _Step:
 
     def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
         self.g = g
-        self.work, self.tail = work_segments(g)
-        self.work_in_order = self.work[g.rows_by_instance]
+        work, self.tail = work_segments(g)
+        self.work_in_order = work[g.rows_by_instance]
         self.exit_in_order = exit_offsets(g)[g.rows_by_instance]
-        self.order_position = np.empty(len(g.rank), dtype=np.int64)  # each row's place in replay order
-        self.order_position[g.rows_by_instance] = np.arange(len(g.rank))
+        # positions fit 32 bits below 2^31 rows (20 million per step at 10,240 ranks): half the memory
+        idx = np.int32 if len(g.rank) < 1 << 31 else np.int64
+        self.order_position = np.empty(len(g.rank), dtype=idx)  # each row's place in replay order
+        self.order_position[g.rows_by_instance] = np.arange(len(g.rank), dtype=idx)
         self.step_ns = replay_in_order(g, self.work_in_order, self.exit_in_order, self.tail).step_ns
         n, num_spans = len(g.rank), len(g.span_rank)
         roles = int(role.max()) + 1 if n else 1
@@ -178,24 +181,29 @@ class _Step:
         # Only the rows of ranks that share a signature with a priced rank are ever compared: sort those.
         wanted = np.isin(self.sig, self.sig[np.isin(g.span_rank, list(priced))])
         self.rows = np.flatnonzero(wanted[g.row_span])  # ascending: by rank, then chain order
-        self.index = np.full(n, -1, dtype=np.int64)  # row -> index in self.rows
-        self.index[self.rows] = np.arange(len(self.rows))
+        self.index = np.full(n, -1, dtype=idx)  # row -> index in self.rows
+        self.index[self.rows] = np.arange(len(self.rows), dtype=idx)
         m = len(self.rows)
-        sub_role, sub_span, sub_work = role[self.rows], g.row_span[self.rows], self.work[self.rows]
+        sub_role, sub_span, sub_work = role[self.rows], g.row_span[self.rows], work[self.rows]
+        del work
         occurrence = _occurrence(sub_span, sub_role, roles)
         occurrences = int(occurrence.max()) + 1 if m else 1
         group = (self.sig[sub_span] * roles + sub_role) * occurrences + occurrence
+        del sub_role, sub_span, occurrence
         order = _by_group_and_work(group, sub_work)
         self.sorted_work = sub_work[order]
+        del sub_work
         sorted_group = group[order]
+        del group
         group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if m else np.zeros(0, dtype=np.int64)
+        del sorted_group
         sizes = np.diff(np.r_[group_start, m])
-        self.group_first = np.empty(m, dtype=np.int64)  # sorted position of the row's key's first row
+        self.group_first = np.empty(m, dtype=idx)  # sorted position of the row's key's first row
         self.group_first[order] = np.repeat(group_start, sizes)
-        self.group_size = np.empty(m, dtype=np.int64)
+        self.group_size = np.empty(m, dtype=idx)
         self.group_size[order] = np.repeat(sizes, sizes)
-        self.position = np.empty(m, dtype=np.int64)  # sorted position of the row
-        self.position[order] = np.arange(m)
+        self.position = np.empty(m, dtype=idx)  # sorted position of the row
+        self.position[order] = np.arange(m, dtype=idx)
 
     def gain(self, ranks: set[int]) -> int:
         """How much shorter the step is when `ranks` work like the median of the other ranks of their
