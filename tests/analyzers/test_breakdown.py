@@ -150,3 +150,33 @@ def test_cpu_gc_pause_is_idle_and_attributed_to_gc(tmp_path, monkeypatch):
     assert (row["compute_ns"], row["idle_ns"], row["other_ns"]) == (20, 80, 0)
     causes = dict(con.execute("SELECT cause, dur_ns FROM idle_causes WHERE run_id = ?", [run_id]).fetchall())
     assert causes["gc"] == 30 and causes["host_other"] == 50
+
+
+def test_exposed_communication_findings_leave_the_wait_for_a_straggler_out(tmp_path, monkeypatch):
+    """A planted slow rank makes its peers wait inside their collectives. Overlapping communication
+    with compute does not remove that wait, so once cross-rank analysis has split exposed time into
+    waiting and transfer, an exposed-communication finding prices at most the transfer."""
+    from bprof.store.db import open_store
+    from bprof.store.ingest import IngestOptions, ingest_paths
+    from bprof.synth import Fault, Scenario, write_run
+
+    monkeypatch.setattr(analysis, "ANALYZERS", ["timeline", "match", "clock", "collperf", "breakdown"])
+    write_run(Scenario(tp=2, pp=1, dp=2, steps=3, hosts=1, seed=3,
+                       faults=[Fault("slow_rank", rank=3, extra_ns=20_000_000)]), tmp_path / "run")
+    con = open_store(tmp_path / "s.duckdb")
+    [r] = ingest_paths(con, [tmp_path / "run"], IngestOptions(name="slow"))
+    analysis.analyze_run(con, r.run_id, Options())
+    waited = con.execute("SELECT max(exposed_wait_ns) FROM breakdown_steps WHERE run_id = ?", [r.run_id]).fetchone()[0]
+    assert waited > 15_000_000  # the peers of rank 3 wait for most of its 20 ms
+    found = con.execute("""SELECT lost_ns, evidence->>'$.dim', CAST(evidence->>'$.ranks[0]' AS INTEGER) FROM findings
+                           WHERE run_id = ? AND analyzer = 'breakdown' AND title LIKE 'Exposed%'""", [r.run_id]).fetchall()
+    assert found
+    left_out = []
+    for lost_ns, dim, rank in found:
+        exposed, transfer = con.execute("""
+            SELECT median(d.exposed_comm_ns), median(least(d.exposed_comm_ns, s.exposed_transfer_ns))
+            FROM breakdown_dims d JOIN breakdown_steps s USING (run_id, rank, step)
+            WHERE d.run_id = ? AND d.rank = ? AND d.dim = ?""", [r.run_id, rank, dim]).fetchone()
+        assert lost_ns == int(transfer) and lost_ns <= exposed, (dim, rank, lost_ns, exposed)
+        left_out.append(exposed - lost_ns)
+    assert max(left_out) > 5_000_000, found  # the wait is not priced as overlappable communication
