@@ -127,3 +127,16 @@ def test_the_stored_summaries_are_medians_of_kept_steps():
             assert mfu.value == pytest.approx(s.facts["model_flops_per_step"] / (step.value * 1e-9 * peak * 2), rel=1e-9)
             checked += 1
     assert checked >= 20
+
+
+def test_ci_gate_run2_a_load_burst_is_called_and_explained_as_what_it_was():
+    # the one A/B call of ci_gate run 2: the candidate carried a planted 9.8 ms on rank 1, but ran +85%
+    # slow in a load burst; the explanation shows rank 0's forward and backward compute doubling
+    burst = load("ci_gate_run2_burst")
+    candidate = burst.pop("ab10-036")
+    result = check(candidate, series(list(burst.values())))
+    assert result.status == "regression" and [v.verdict for v in result.verdicts] == ["regression", "regression"]
+    assert result.verdicts[0].change_frac == pytest.approx(0.855, abs=0.001)
+    e = result.explanation
+    assert (e.top_part, e.critical_rank) == ("compute", 0)
+    assert [c.name for c in e.refinements if c.family == "phase"][:2] == ["backward", "forward"]
