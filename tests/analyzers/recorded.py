@@ -40,12 +40,13 @@ def record_train_gpt(out: Path, name: str, trainer_args: list[str], *, record_ar
     return db
 
 
-def analysed(db: Path, analyzers: list[str]):
-    """Open the store, run timeline, breakdown and `analyzers` over its one run; returns (con, run_id)."""
+def analysed(db: Path, analyzers: list[str] | None):
+    """Open the store, run timeline, breakdown and `analyzers` over its one run - or, with None, every
+    analyzer as `bprof analyze` does; returns (con, run_id)."""
     con = open_store(db)
     [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
     saved = analysis.ANALYZERS
-    analysis.ANALYZERS = ["timeline", "breakdown", *analyzers]
+    analysis.ANALYZERS = saved if analyzers is None else ["timeline", "breakdown", *analyzers]
     try:
         analysis.analyze_run(con, run_id, Options())
     finally:

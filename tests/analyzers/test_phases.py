@@ -171,7 +171,9 @@ def real_runs(tmp_path_factory):
     stalled = recorded.record_train_gpt(out, "stalled", ["--microbatches", str(MICROBATCHES),
                                                          "--dataloader-stall-ms", str(STALL_MS)])
     plain = recorded.record_train_gpt(out, "recompute", ["--microbatches", str(MICROBATCHES), "--recompute"])
-    return recorded.analysed(stalled, ["phases", "idle", "launch", "memory"]), recorded.analysed(plain, ["phases"])
+    # the stalled run as `bprof analyze` sees it: with cross-rank analysis, a peer's wait inside the
+    # gradient all-reduce is not priced as overlappable communication
+    return recorded.analysed(stalled, None), recorded.analysed(plain, ["phases"])
 
 
 def _ranges_ms(con, run_id, name):
