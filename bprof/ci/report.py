@@ -70,7 +70,8 @@ def check_markdown(result: CheckResult) -> str:
     if e is not None and e.parts:
         lines += ["", f"### Why: {escape_md(e.headline)}", "",
                   "| part of the step (critical rank) | baseline | candidate | change | |", "|---|---|---|---|---|"]
-        rows = e.parts[:MAX_CAUSE_ROWS] + [r for r in e.refinements if not r.within_noise][:MAX_CAUSE_ROWS]
+        parts = [r for r in e.parts if r.baseline_ns or r.candidate_ns]  # parts absent on both sides say nothing
+        rows = parts[:MAX_CAUSE_ROWS] + [r for r in e.refinements if not r.within_noise][:MAX_CAUSE_ROWS]
         for r in rows:
             lines.append(f"| {escape_md(r.label())} | {r.baseline_ns / 1e6:.2f} ms | {r.candidate_ns / 1e6:.2f} ms | "
                          f"{r.delta_ns / 1e6:+.2f} ms | {'noise' if r.within_noise else ''} |")

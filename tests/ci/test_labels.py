@@ -23,3 +23,19 @@ def test_ingest_labels_the_run(tmp_path):
             ("gpt-tiny", ["nightly", "cpu"], "feature/x", "0123abcd")]
     finally:
         con.close()
+
+
+def test_a_detached_checkout_takes_its_branch_from_github_actions(tmp_path, monkeypatch):
+    from bprof.profiler.launcher import _git_branch
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q", "-b", "main", str(tmp_path)], check=True)
+    monkeypatch.chdir(tmp_path)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    assert _git_branch() == "main"
+    subprocess.run([*git, "checkout", "-q", "--detach"], check=True)
+    monkeypatch.delenv("GITHUB_HEAD_REF", raising=False)
+    monkeypatch.setenv("GITHUB_REF_NAME", "42/merge")
+    assert _git_branch() == "42/merge"
+    monkeypatch.setenv("GITHUB_HEAD_REF", "feature/x")  # a pull request: its source branch
+    assert _git_branch() == "feature/x"
