@@ -120,7 +120,7 @@ def check(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the markdown summary here."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Is RUN a regression against the baseline series? Exit 0 pass, 1 regression, 3 not enough data or not comparable."""
+    """Is RUN a regression against the baseline series? Exit 0 pass, 1 regression, 2 usage, 3 not enough data or not comparable."""
     from bprof.ci import report
     from bprof.ci.check import MIN_BASELINE_RUNS, CheckOptions, check as run_check
     from bprof.ci.history import resolve_baseline
