@@ -5,8 +5,10 @@ Definitions (the README repeats them):
   rank); the run's `step_time_ns` is the median over steps.
 - MFU = declared model FLOPs per step / (step time × Σ over the job's ranks of the dense peak at
   the matmul dtype). Model FLOPs come from the capture (bprof.set_model_flops) - never from traces.
-- HFU = executed FLOPs from recorded shapes (recompute included; kernels_flops) summed over the
-  ingested ranks / (step time × Σ of their peaks). Needs FLOP coverage ≥ 90% of matmul time.
+- HFU = executed FLOPs per step from recorded shapes (recompute included; kernels_flops) summed
+  over the ingested ranks, mean over the steps where every rank's are known / (step time × Σ of
+  their peaks): MFU's denominator, so HFU / MFU = executed / declared FLOPs whatever the step times
+  did. Needs FLOP coverage ≥ 90% of matmul time.
 - Peaks come from bprof.analyzers.peaks: never guessed; unknown gives "not measurable" and the fix.
 Reads timeline_spans, kernels_flops, runs, ranks, reduced_ranks; writes metrics and step_metrics.
 """
@@ -105,7 +107,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     if peak_sum:
         result.findings.append(_denominator_note(con, run_id, options, peaks, dtype, denominator_dtype))
 
-    hfu = _hfu(flops, job_step_ns, peaks)
+    hfu = _hfu(flops, job_step_ns, step_time_ns, peaks)
     metrics["flop_coverage_frac"] = (coverage, "frac")
     metrics["hfu_frac"] = (hfu if peak_sum and coverage is not None and coverage >= MIN_FLOP_COVERAGE_FRAC else None, "frac")
     if coverage is None and con.execute("SELECT count(*) FROM reduced_ranks WHERE run_id = ?", [run_id]).fetchone()[0]:
@@ -142,13 +144,17 @@ def _denominator_note(con, run_id: int, options: Options, peaks: dict, dtype: st
                    detail, None, {"dtype": dtype, "denominator_dtype": used, "peak_flops_per_s": first.flops_per_s})
 
 
-def _hfu(flops: dict, job_step_ns: dict, peaks: dict) -> float | None:
-    """Run HFU over steps with every rank's FLOPs known: Σ flops / Σ (job step time × Σ peaks)."""
-    total_flops = total_capacity = 0.0
-    for step, step_ns in job_step_ns.items():
-        rows = [(r, f, c) for (r, s), (f, c, _) in flops.items() if s == step]
-        if not rows or any(f is None for _, f, _ in rows) or any(not (peaks.get(r) and peaks[r].flops_per_s) for r, _, _ in rows):
+def _hfu(flops: dict, job_step_ns: dict, step_time_ns: float, peaks: dict) -> float | None:
+    """Run HFU over the steps with every rank's FLOPs and peak known: their executed FLOPs per step
+    (mean over those steps) / (the run's step time × Σ of the ranks' peaks) - MFU's denominator, so
+    HFU / MFU is executed over declared FLOPs whatever the step times did."""
+    per_step, capacity = [], None
+    for step in job_step_ns:
+        rows = [(r, f) for (r, s), (f, c, _) in flops.items() if s == step]
+        if not rows or any(f is None for _, f in rows) or any(not (peaks.get(r) and peaks[r].flops_per_s) for r, _ in rows):
             continue
-        total_flops += sum(f for _, f, _ in rows)
-        total_capacity += step_ns * 1e-9 * sum(peaks[r].flops_per_s for r, _, _ in rows)
-    return total_flops / total_capacity if total_capacity else None
+        per_step.append(sum(f for _, f in rows))
+        capacity = sum(peaks[r].flops_per_s for r, _ in rows)
+    if not per_step or not capacity or not step_time_ns:
+        return None
+    return statistics.mean(per_step) / (step_time_ns * 1e-9 * capacity)

@@ -121,3 +121,20 @@ def test_peak_given_on_the_command_line_wins_and_unknown_names_are_counted(tmp_p
     [(title, evidence)] = con.execute("SELECT title, evidence FROM findings WHERE run_id = ? AND title LIKE '%cannot classify%'",
                                       [run_id]).fetchall()
     assert json.loads(evidence)["names"] == ["my_custom_fused_thing_kernel"]
+
+
+def test_hfu_over_mfu_is_executed_over_declared_flops_however_the_steps_vary(tmp_path):
+    """HFU shares MFU's denominator (the run's median step time): one slow step (a contended CPU, a
+    checkpoint) must not move their ratio. Three steps of 1, 1 and 3 s, the same matmul in each."""
+    starts = [0, SECOND, 2 * SECOND]
+    durations = [SECOND, SECOND, 3 * SECOND]
+    events = [{"kind": "cpu_op", "name": "aten::mm", "ts_ns": t + 10, "dur_ns": SECOND // 2, "args": MM, "step": s}
+              for s, t in enumerate(starts)]
+    model_flops = 3 * MM_FLOPS
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=[(0, s, t, d) for s, (t, d) in enumerate(zip(starts, durations))],
+                             events=events, model={"model_flops_per_step": model_flops})
+    analysis.analyze_run(con, run_id, Options(peak_flops_per_s=1e9))
+    m = _metrics(con, run_id)
+    assert m["step_time_ns"] == SECOND  # the median step
+    assert m["hfu_frac"] == pytest.approx(MM_FLOPS / (1.0 * 1e9))
+    assert m["hfu_frac"] / m["mfu_frac"] == pytest.approx(1 / 3)
