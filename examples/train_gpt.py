@@ -876,5 +876,27 @@ def main(argv: list[str] | None = None) -> None:
     dist.destroy_process_group()
 
 
+def exit_without_finalizing(code: int = 0) -> None:
+    """Leave once training is over without Python's interpreter finalization.
+
+    torch 2.13 with gloo: each collective's work object keeps the launching thread's state, which
+    holds a Python contextvars.Context. A gloo worker thread can still hold the last reference to a
+    finished work when the interpreter finalizes; dropping it needs the GIL, a thread asking for the
+    GIL during finalization is ended by pthread_exit, and that unwinds through a noexcept
+    destructor: "terminate called without an active exception", SIGABRT, exit code -6 after the
+    run's work is done. Seen in 1 of 12 four-rank runs of tests/profiler/toy_train.py beside two
+    busy loops, with and without bprof (core dumps: ProcessGroupGloo::runLoop ->
+    ~AsyncAllreduceWork -> ~ThreadLocalState -> SafePyObject decref -> take_gil -> pthread_exit).
+    The atexit handlers (bprof's recorder among them) still run; then the process leaves.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     main()
+    exit_without_finalizing(0)

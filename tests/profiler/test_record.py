@@ -121,7 +121,7 @@ def test_killed_rank_leaves_a_partial_run(tmp_path):
 def test_sigusr1_captures_the_next_steps_of_a_running_job(tmp_path):
     cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(tmp_path / "run"), "--db", str(tmp_path / "s.duckdb"),
            "--steps", "1000:1001", "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc_per_node=2", str(TOY), "--steps", "60", "--sleep-ms", "100", "--hard-exit",
+           "--nproc_per_node=2", str(TOY), "--steps", "60", "--sleep-ms", "100",
            "--ready-file", str(tmp_path / "ready")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -138,7 +138,7 @@ def test_sigusr1_captures_the_next_steps_of_a_running_job(tmp_path):
 
 
 def test_a_script_with_its_own_profiler_still_runs(tmp_path):
-    done = record(tmp_path, "--steps", "2:4", nproc=2, script_args=["--steps", "6", "--own-profiler", "1:5", "--hard-exit"],
+    done = record(tmp_path, "--steps", "2:4", nproc=2, script_args=["--steps", "6", "--own-profiler", "1:5"],
                   env={"OWN_TRACE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "own_rank0.json").exists() and (tmp_path / "own_rank1.json").exists()
