@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, runs
+from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, replay, runs
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -24,6 +24,7 @@ record.register(app)
 calibrate.register(app)
 reduce.register(app)
 ci.register(app)
+replay.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

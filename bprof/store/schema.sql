@@ -1,4 +1,4 @@
--- The bprof store, schema version 4. Every table and column is documented with COMMENT ON;
+-- The bprof store, schema version 5. Every table and column is documented with COMMENT ON;
 -- tests/store/test_schema.py fails when one is not. Times are int64 nanoseconds: `*_ts_ns`
 -- on the rank's own clock (epoch-based), `*_dur_ns` durations. Sizes say their unit.
 
@@ -474,3 +474,73 @@ COMMENT ON COLUMN ci_components.history_id IS 'Run (ci_runs.history_id).';
 COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time) or straggler (stragglers_ranks lost_ns of a flagged rank).';
 COMMENT ON COLUMN ci_components.name IS 'The part within its family (compute, gemm, data_wait, dp, rank 3, ...).';
 COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns).';
+
+CREATE SEQUENCE replay_id_seq START 1;
+
+CREATE TABLE replays (
+    replay_id INTEGER PRIMARY KEY DEFAULT nextval('replay_id_seq'),
+    run_id INTEGER NOT NULL,
+    replayed_at TIMESTAMPTZ NOT NULL,
+    item_kind VARCHAR NOT NULL,
+    item VARCHAR NOT NULL,
+    item_key VARCHAR NOT NULL,
+    rank INTEGER,
+    variant VARCHAR NOT NULL,
+    status VARCHAR NOT NULL,
+    reason VARCHAR,
+    device VARCHAR NOT NULL,
+    shapes JSON,
+    dtypes JSON,
+    strides JSON,
+    num_threads INTEGER,
+    num_repeats INTEGER NOT NULL,
+    calls_per_step DOUBLE,
+    traced_ns BIGINT,
+    traced_spread_frac DOUBLE,
+    traced_basis VARCHAR,
+    replayed_ns BIGINT,
+    replayed_spread_frac DOUBLE,
+    baseline_ns BIGINT,
+    speedup DOUBLE,
+    verdict VARCHAR,
+    classification VARCHAR,
+    group_size INTEGER,
+    replayed_group_size INTEGER,
+    bytes BIGINT,
+    busbw_bytes_per_s DOUBLE,
+    finding_id INTEGER,
+    finding_title VARCHAR
+);
+COMMENT ON TABLE replays IS 'bprof replay: recorded ops, loops of ops and collectives rerun on this machine, and the fix variants replay verified; one row per item and variant (replaying again replaces the row of the same item, variant and device).';
+COMMENT ON COLUMN replays.replay_id IS 'Store-wide replay identifier.';
+COMMENT ON COLUMN replays.run_id IS 'Run the item was taken from (runs.run_id).';
+COMMENT ON COLUMN replays.replayed_at IS 'When the replay ran.';
+COMMENT ON COLUMN replays.item_kind IS 'op (one op signature), op_loop (a run of same-signature matmul calls in a row: a Python loop), collective (one collective signature) or collective_storm (all calls of one all_reduce group in a step).';
+COMMENT ON COLUMN replays.item IS 'Human label: op and shapes/dtypes, or collective op, dtype, elements and group.';
+COMMENT ON COLUMN replays.item_key IS 'Exact signature as JSON (name, Input Dims, Input type, Input Strides, Concrete Inputs; or op, dtype, elements, group): identifies the item across replays.';
+COMMENT ON COLUMN replays.rank IS 'Rank whose calls the traced times are taken from (op items: all ranks'' calls of the signature).';
+COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm, bucket.';
+COMMENT ON COLUMN replays.status IS 'replayed, not_rebuildable (the signature does not say enough to call the op again; reason says why), not_applicable (the variant does not apply), failed (the op or process group failed; reason), or rebuildable (a dry run).';
+COMMENT ON COLUMN replays.reason IS 'Why it was not replayed, or what to know when reading it (the group was larger than this machine runs, what a variant leaves out of its timing).';
+COMMENT ON COLUMN replays.device IS 'Device kind replayed on: cpu or cuda.';
+COMMENT ON COLUMN replays.shapes IS 'Op items: the recorded Input Dims; collectives: elements of each call.';
+COMMENT ON COLUMN replays.dtypes IS 'Recorded Input type of each argument (or the collective''s dtype).';
+COMMENT ON COLUMN replays.strides IS 'Recorded Input Strides, reproduced by the replay (non-contiguous views included).';
+COMMENT ON COLUMN replays.num_threads IS 'Intra-op threads of the replay: the rank''s recorded intra_op_threads when known.';
+COMMENT ON COLUMN replays.num_repeats IS 'Timed repeats behind replayed_ns (0 when not replayed).';
+COMMENT ON COLUMN replays.calls_per_step IS 'Calls (or loops, storms) per step on a rank in the trace, median over steps.';
+COMMENT ON COLUMN replays.traced_ns IS 'Median traced time of one call (op: its duration on CPU, its kernels'' device time on GPU; loop: the whole loop; collective: transfer time after the last peer arrived when collperf ran, else the call; storm: a step''s calls).';
+COMMENT ON COLUMN replays.traced_spread_frac IS 'Spread of the traced times: (max - min) / median; NULL below two.';
+COMMENT ON COLUMN replays.traced_basis IS 'What traced_ns measures (see traced_ns).';
+COMMENT ON COLUMN replays.replayed_ns IS 'Median over the repeats of the replayed time of the same unit as traced_ns (a monotonic clock on CPU, CUDA events on GPU; collectives: the slowest rank).';
+COMMENT ON COLUMN replays.replayed_spread_frac IS 'Spread of the repeats: (max - min) / median.';
+COMMENT ON COLUMN replays.baseline_ns IS 'Variant rows: replayed_ns of the baseline, timed interleaved with the variant.';
+COMMENT ON COLUMN replays.speedup IS 'Variant rows: baseline_ns / replayed_ns, a factor (above 1 is faster).';
+COMMENT ON COLUMN replays.verdict IS 'Variant rows: faster (every variant repeat beat every baseline repeat), slower (the reverse) or no better than noise.';
+COMMENT ON COLUMN replays.classification IS 'Baseline rows: slow in isolation (the replay takes what the trace took: a kernel, shape or dtype problem), fast in isolation, slow in the trace (traced above 1.5 x replayed: contention, a straggler, overlap), or slower in isolation than in the trace (conditions differ).';
+COMMENT ON COLUMN replays.group_size IS 'Collectives: ranks of the recorded process group.';
+COMMENT ON COLUMN replays.replayed_group_size IS 'Collectives: ranks of the replay''s process group (at most what this machine runs).';
+COMMENT ON COLUMN replays.bytes IS 'Collectives: bytes of the message(s) of the unit timed.';
+COMMENT ON COLUMN replays.busbw_bytes_per_s IS 'Collectives: nccl-tests bus bandwidth of the replay, bytes / replayed time x the op''s factor (all_reduce 2(n-1)/n).';
+COMMENT ON COLUMN replays.finding_id IS 'The bprof analyze finding the item verifies (findings.finding_id at replay time; analysing again renumbers findings).';
+COMMENT ON COLUMN replays.finding_title IS 'Title of that finding, kept for when it is renumbered.';

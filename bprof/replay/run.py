@@ -1,0 +1,110 @@
+"""`bprof replay` as a library call: plan the items of a run, replay them here, store the results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import duckdb
+
+from bprof.errors import DeviceError, UsageError
+from bprof.replay.plan import Plan, make_plan
+from bprof.replay.results import ReplayResult, save
+
+VARIANTS = ("bf16", "pad8", "pad64", "pad128", "contiguous", "bmm", "bucket")
+DEFAULT_VARIANTS = VARIANTS
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    run: str | None = None
+    top: int = 5
+    op: str | None = None
+    collectives_only: bool = False
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
+    device: str | None = None          # default: the kind of device the run was traced on
+    repeats: int = 7
+    min_time_s: float = 0.02           # each timed batch lasts at least this long
+    max_ranks: int | None = None       # collective replay: at most this many ranks (default: CPU count / GPUs)
+    dry_run: bool = False              # list what would be replayed and whether it can be rebuilt; run nothing
+
+
+def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
+           progress: Callable[[str], None] | None = None) -> tuple[Plan, list[ReplayResult]]:
+    """Replay the run's chosen items on this machine; results are stored unless it is a dry run."""
+    for v in options.variants:
+        if v not in VARIANTS:
+            raise UsageError(f"unknown variant {v!r} (one of {', '.join(VARIANTS)})")
+    for label, value in (("--top", options.top), ("--repeats", options.repeats)):
+        if value < 1:
+            raise UsageError(f"{label} must be at least 1, not {value}")
+    torch = _import_torch()
+    say = progress or (lambda message: None)
+    plan = make_plan(con, options.run, top=options.top, op=options.op, ops=not options.collectives_only)
+    traced_on = plan.ops[0].traced_on if plan.ops else "cpu"
+    device = options.device or traced_on
+    dev = _device(torch, "meta" if options.dry_run else device)
+    if options.dry_run:
+        return plan, _listing(torch, plan, dev)
+    results: list[ReplayResult] = []
+    from bprof.replay.ops import intra_op_threads, replay_op
+
+    op_variants = tuple(v for v in options.variants if v != "bucket")
+    with intra_op_threads(torch, plan.intra_op_threads if dev.type == "cpu" else None) as threads:
+        for k, item in enumerate(plan.ops):
+            say(f"op {k + 1}/{len(plan.ops)}: {item.label}")
+            results += replay_op(torch, item, dev, op_variants, options.repeats, options.min_time_s, threads)
+    if plan.collectives:
+        from bprof.replay.comm import replay_collectives
+
+        say(f"{len(plan.collectives)} collective(s) in a {'nccl' if dev.type == 'cuda' else 'gloo'} process group")
+        results += replay_collectives(plan.collectives, device=dev.type, repeats=options.repeats, max_ranks=options.max_ranks,
+                                      num_threads=plan.intra_op_threads, bucket="bucket" in options.variants)
+    if traced_on != dev.type:
+        for r in results:
+            r.reason = "; ".join(filter(None, [r.reason, f"traced on {traced_on}, replayed on {dev.type}: times are not comparable"]))
+            r.classification = None
+    save(con, plan.run_id, results)
+    return plan, results
+
+
+def _listing(torch, plan: Plan, dev) -> list[ReplayResult]:
+    """Each op item rebuilt on the meta device (shapes, dtypes and strides checked, nothing run)."""
+    from bprof.replay.ops import _basis
+    from bprof.replay.plan import spread_of
+    from bprof.replay.rebuild import NotRebuildable, rebuild
+    import statistics
+
+    out = []
+    for item in plan.ops:
+        r = ReplayResult(item.kind, item.label, item.key, item.rank, "baseline", "rebuildable", item.traced_on,
+                         shapes=item.dims, dtypes=item.types, strides=item.strides, calls_per_step=item.calls_per_step,
+                         traced_ns=int(statistics.median(item.traced_ns)), traced_spread_frac=spread_of(item.traced_ns),
+                         traced_basis=_basis(item), finding_id=item.finding_id, finding_title=item.finding_title)
+        try:
+            rebuild(torch, item.name, item.dims, item.types, item.strides, item.concrete, dev)
+        except NotRebuildable as exc:
+            r.status, r.reason = "not_rebuildable", str(exc)
+        out.append(r)
+    for item in plan.collectives:
+        out.append(ReplayResult(item.kind, item.label, item.key, item.rank, "baseline", "rebuildable", "gloo/nccl",
+                                shapes=item.elems, dtypes=[item.dtype], group_size=item.group_size,
+                                traced_ns=int(statistics.median(item.traced_ns)), traced_basis=item.traced_basis,
+                                finding_id=item.finding_id, finding_title=item.finding_title))
+    return out
+
+
+def _device(torch, device: str):
+    from bprof.replay.calibrate import _device as checked
+
+    if device == "meta":
+        return torch.device("meta")
+    return checked(torch, device)
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("bprof replay needs torch: pip install 'bprof[capture]'") from None
+    return torch
