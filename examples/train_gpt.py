@@ -99,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--odd-shapes", action="store_true",
         help="hidden becomes hidden+3 if it is a multiple of 64, then is rounded up to a multiple "
              "of --heads that is not a multiple of 64 (default 128 -> 132).")
+    faults.add_argument(
+        "--transposed-matmul", action="store_true",
+        help="after every transformer block in forward, one extra matmul of the seq-major view of "
+             "the activations, x.transpose(0, 1) (seq, batch, hidden; not contiguous), by a fixed "
+             "(hidden, 8) matrix, under bprof/transposed_matmul and no_grad; the result is unused.")
+    faults.add_argument(
+        "--matmul-loop", action="store_true",
+        help="after every transformer block in forward, a Python loop of 64 matmuls of fixed 32x32 "
+             "matrices, under bprof/matmul_loop and no_grad; the results are unused.")
     return p
 
 
@@ -471,6 +480,11 @@ class Stage(nn.Module):
             self.head = ColumnParallelLinear(_rows(head, par.tp_rank, par.tp), None, par.tp_group,
                                              gather_output=True)
         self.recompute, self.host_sync = args.recompute, args.host_sync
+        # planted work (--transposed-matmul, --matmul-loop): fixed tensors, not parameters
+        self.transposed_w = (torch.randn(shape.hidden, 8, generator=gen).to(par.device)
+                             if args.transposed_matmul else None)
+        self.loop_mats = ([torch.randn(32, 32, generator=gen).to(par.device) for _ in range(2 * 64)]
+                          if args.matmul_loop else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: token ids (b, s) on the first stage, else activations (b, s, hidden)."""
@@ -481,6 +495,13 @@ class Stage(nn.Module):
             if self.host_sync:
                 with record_function("bprof/host_sync"):
                     x[0, 0, 0].item()
+            if self.transposed_w is not None:
+                with torch.no_grad(), record_function("bprof/transposed_matmul"):
+                    torch.matmul(x.transpose(0, 1), self.transposed_w)
+            if self.loop_mats is not None:
+                with torch.no_grad(), record_function("bprof/matmul_loop"):
+                    for a, b in zip(self.loop_mats[0::2], self.loop_mats[1::2]):
+                        torch.mm(a, b)
         if self.head is not None:
             x = self.head(self.ln_f(x))
         return x

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -32,7 +33,7 @@ DTYPES = {"float": "float32", "float32": "float32", "double": "float64", "bfloat
 
 
 def replay_collectives(items: list[CollItem], *, device: str, repeats: int, max_ranks: int | None,
-                       num_threads: int | None, bucket: bool, timeout_s: float = 300) -> list[ReplayResult]:
+                       num_threads: int | None, bucket: bool, min_time_s: float = 0.02, timeout_s: float = 300) -> list[ReplayResult]:
     """Baseline replays of each item, plus the one-bucket variant of storms, in one process group per group size."""
     limit = max_ranks or (os.cpu_count() or 2)
     if device == "cuda":
@@ -56,7 +57,8 @@ def replay_collectives(items: list[CollItem], *, device: str, repeats: int, max_
             programs[f"{k}:baseline"] = [(item.op, item.dtype, e) for e in item.elems]
             if item.kind == "collective_storm" and bucket:
                 programs[f"{k}:bucket"] = [(item.op, item.dtype, sum(item.elems))]
-        timings = run_group(programs, size, device=device, repeats=repeats, num_threads=num_threads, timeout_s=timeout_s)
+        timings = run_group(programs, size, device=device, repeats=repeats, num_threads=num_threads, timeout_s=timeout_s,
+                            min_time_s=min_time_s)
         for k, item in enumerate(group):
             base = samples_result(_base(item, device, num_threads), timings[f"{k}:baseline"])
             base.replayed_group_size = size
@@ -90,12 +92,13 @@ def _busbw(item: CollItem, elems: int, n: int, ns: int | None) -> float | None:
 
 
 def run_group(programs: dict[str, list], size: int, *, device: str, repeats: int, num_threads: int | None,
-              timeout_s: float) -> dict[str, list[float]]:
+              timeout_s: float, min_time_s: float = 0.02) -> dict[str, list[float]]:
     """Start `size` ranks, run every program (a list of (op, dtype, elements) calls) warm-up + `repeats`
-    times, interleaved; seconds per program run, max over ranks."""
+    times, interleaved, each repeat a batch of runs lasting >= min_time_s; seconds per program run, max over ranks."""
     with tempfile.TemporaryDirectory(prefix="bprof-replay-") as tmp:
         spec = Path(tmp) / "spec.json"
-        spec.write_text(json.dumps({"programs": programs, "repeats": repeats, "device": device, "threads": num_threads}))
+        spec.write_text(json.dumps({"programs": programs, "repeats": repeats, "device": device, "threads": num_threads,
+                                    "min_time_s": min_time_s}))
         port = _free_port()
         procs = [subprocess.Popen([sys.executable, "-m", "bprof.replay.comm", str(spec), str(rank), str(size), str(port)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -144,19 +147,25 @@ def _worker(spec_path: str, rank: int, size: int, port: int) -> None:
         if cuda:
             torch.cuda.synchronize(dev)
 
-    for name in buffers:  # warm-up: connections, algorithm choice, allocations
-        run(name)
-        run(name)
-    timings = {name: [] for name in buffers}
     elapsed = torch.zeros(1, dtype=torch.float64, device=dev)
+
+    def timed(name, calls):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run(name)
+        elapsed[0] = time.perf_counter() - t0
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's time
+        return float(elapsed[0]) / calls
+
+    calls = {}
+    for name in buffers:  # warm-up (connections, algorithm choice, allocations), then a batch of >= min_time_s
+        run(name)
+        calls[name] = max(1, math.ceil(spec["min_time_s"] / max(timed(name, 1), 1e-9)))
+    timings = {name: [] for name in buffers}
     for _ in range(spec["repeats"]):
         for name in buffers:
-            dist.barrier()
-            t0 = time.perf_counter()
-            run(name)
-            elapsed[0] = time.perf_counter() - t0
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            timings[name].append(float(elapsed[0]))
+            timings[name].append(timed(name, calls[name]))
     if rank == 0:
         (Path(spec_path).parent / "timings.json").write_text(json.dumps(timings))
     dist.barrier()

@@ -172,7 +172,7 @@ def _op_items(con, run_id: int, top: int, only: str | None) -> list[OpItem]:
         for name, dims, types, strides, concrete, rank, durs, _total, calls, steps, ranks in rows:
             items.append(OpItem("op", name, rank, json.loads(dims), json.loads(types or "[]"), json.loads(strides or "[]"),
                                 json.loads(concrete or "[]"), durs, calls / max(1, steps * ranks), traced_on))
-        loops = _loop_items(con, traced_on) if only is None else []
+        loops = [i for i in _loop_items(con, traced_on) if only is None or i.name == only]
     finally:
         con.execute("DROP TABLE IF EXISTS _rp_ops")
         con.execute("DROP TABLE IF EXISTS _rp_dev")

@@ -59,7 +59,8 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
 
         say(f"{len(plan.collectives)} collective(s) in a {'nccl' if dev.type == 'cuda' else 'gloo'} process group")
         results += replay_collectives(plan.collectives, device=dev.type, repeats=options.repeats, max_ranks=options.max_ranks,
-                                      num_threads=plan.intra_op_threads, bucket="bucket" in options.variants)
+                                      num_threads=plan.intra_op_threads, bucket="bucket" in options.variants,
+                                      min_time_s=options.min_time_s)
     if traced_on != dev.type:
         for r in results:
             r.reason = "; ".join(filter(None, [r.reason, f"traced on {traced_on}, replayed on {dev.type}: times are not comparable"]))
