@@ -40,10 +40,12 @@ def test_slow_rank_is_the_straggler_with_its_cost(tmp_path):
     # while the slow loop runs, on a shared 2-core machine, so the peer's own compute is inflated by
     # the contention the loop causes (seen in CI: lost 242 ms against a 325 ms loop, the peer 80 ms
     # slower that step). So the price must match the slow rank's measured extra compute over its peer
-    # within 25 %, and the loop itself within 40 % (25 % on a quiet machine: 302.6 against 304.7 ms).
+    # within 25 %; against the loop itself it may fall short by what contention added to the peer
+    # (302.6 against 304.7 ms on a quiet machine; 177 against 305 ms beside a busy loop and another
+    # recording), never exceed it by more than 25 %, and stay above a quarter of it.
     compute = dict(con.execute("SELECT rank, compute_ns FROM stragglers_ranks").fetchall())
     extra_ns = compute[SLOW_RANK] - compute[1 - SLOW_RANK]
     print(f"straggler lost {top['lost_ns'] / 1e6:.1f} ms per step; slow loop ran {ran_ns / 1e6:.1f} ms (asked {SLOW_MS}); "
           f"extra compute over its peer {extra_ns / 1e6:.1f} ms")
     assert top["lost_ns"] == pytest.approx(extra_ns, rel=0.25)
-    assert top["lost_ns"] == pytest.approx(ran_ns, rel=0.40)
+    assert 0.25 * ran_ns < top["lost_ns"] < 1.25 * ran_ns
