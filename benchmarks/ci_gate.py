@@ -4,6 +4,7 @@ called regressions; A/B: planted 5% and 10% slowdowns must be, with the right ca
     nice -n 10 .venv/bin/python benchmarks/ci_gate.py --out /work/scratch/ci_gate   # ~25-40 min
     .venv/bin/python benchmarks/ci_gate.py --out DIR --baseline 5 --aa 2 --ab 1       # a smoke run
     .venv/bin/python benchmarks/ci_gate.py --reanalyse DIR/results.json              # the rates again
+    .venv/bin/python benchmarks/ci_gate.py --rescore DIR/bench.duckdb               # today's gate, old runs
 
 One set of settings for everything (printed at the start):
 - the run: `bprof record --steps 3:8` of examples/train_gpt.py on 2 CPU ranks (torchrun, gloo,
@@ -15,8 +16,14 @@ One set of settings for everything (printed at the start):
   joins series main, as a merged unchanged commit would (the gate compares with the last 10 runs);
 - A/B candidates plant a slowdown with `--slow-rank 1 --slow-ms X`: X is 5% or 10% of the median step
   time of the baseline series (rank 1 computes X ms more per step; rank 0 waits for it);
-- every candidate is checked with the defaults: `bprof ci check --metric step_time --metric mfu
-  --threshold 3% --confidence 0.99 --baseline main` (last 10 comparable runs).
+- every candidate is checked with `bprof ci check --metric step_time --metric mfu --metric executed_flops
+  --metric collective_calls --threshold 3% --confidence 0.99 --baseline main` (last 10 comparable runs):
+  the time metrics and two work metrics (amounts per step, which the machine's load does not move).
+
+--rescore replays the gate on the runs of an earlier --out's store with today's bprof: each run is
+summarised again from its analysed tables and checked, in recording order, against the baseline and
+A/A runs before it (the series as the gate had built it), so a change to the gate is measured on the
+same recordings.
 
 Scored: A/A exit 0 = right, exit 1 = false alarm, exit 3 = failure. A/B exit 1 with the explanation's
 first part `compute` on the slow rank = detected with the right cause; exit 1 otherwise = detected,
@@ -64,8 +71,12 @@ def record(out: Path, name: str, extra: list[str]) -> str:
     raise SystemExit(f"recording {name} failed:\n{done.stderr[-3000:]}")
 
 
+METRICS = ("step_time", "mfu", "executed_flops", "collective_calls")
+
+
 def check(out: Path, run: str) -> tuple[int, dict]:
-    done = bprof("ci", "check", run, "--db", "bench.duckdb", "--metric", "step_time", "--metric", "mfu", "--json", cwd=out)
+    done = bprof("ci", "check", run, "--db", "bench.duckdb", *[a for m in METRICS for a in ("--metric", m)], "--json",
+                 cwd=out)
     try:
         data = json.loads(done.stdout)
     except ValueError:
@@ -94,6 +105,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="work directory (must not hold a previous bench.duckdb)")
     parser.add_argument("--reanalyse", type=Path, help="print the rates of a previous run's results.json and exit")
+    parser.add_argument("--rescore", type=Path, help="check the runs of a previous run's bench.duckdb again and exit")
     parser.add_argument("--baseline", type=int, default=10, help="baseline runs recorded first")
     parser.add_argument("--aa", type=int, default=20, help="A/A candidates")
     parser.add_argument("--ab", type=int, default=10, help="A/B candidates of each planted slowdown")
@@ -102,6 +114,9 @@ def main() -> int:
         saved = json.loads(args.reanalyse.read_text())
         print(f"baseline median step {saved['baseline_step_ms']:.2f} ms; planted --slow-ms {saved['slow_ms']}")
         print_rates(saved["results"], args)
+        return 0
+    if args.rescore:
+        print_rates(rescore(args.rescore), args)
         return 0
     if args.out is None:
         parser.error("--out is required")
@@ -150,10 +165,49 @@ def main() -> int:
     return 0
 
 
+def rescore(store: Path) -> list[dict]:
+    """The gate's checks again, in process, on the recorded runs of `store` (opened read-only)."""
+    import duckdb
+
+    from bprof.ci.check import CheckOptions, NotEnoughData, check as ci_check
+    from bprof.ci.history import Entry
+    from bprof.ci.report import check_data
+    from bprof.ci.summary import summarize
+
+    con = duckdb.connect(str(store), read_only=True)
+    options = CheckOptions(metrics=METRICS)
+    series, results = [], []
+    for run_id, name in con.execute("SELECT run_id, name FROM runs ORDER BY run_id").fetchall():
+        arm = name.split("-")[0] if "-" in name else "base"
+        summary = summarize(con, run_id)
+        if arm == "base":
+            series.append(Entry(len(series) + 1, "main", summary))
+            continue
+        try:
+            data, rc = check_data(ci_check(summary, series, options, "main")), 0
+            rc = 1 if data["status"] == "regression" else 0
+        except NotEnoughData as exc:
+            data, rc = {"status": "error", "reason": str(exc)}, 3
+        if arm == "aa" and rc in (0, 1):
+            series.append(Entry(len(series) + 1, "main", summary))
+        results.append(score(arm, name, rc, data))
+        r = results[-1]
+        print(f"{arm:5} {name:12} exit {rc}  {r['outcome']:24} step {r['change']}  {r['why'][:110]}", flush=True)
+    con.close()
+    return results
+
+
 def score(arm: str, name: str, rc: int, data: dict) -> dict:
+    """Right cause: the largest change of work is more executed FLOPs on the slow rank, or (no work
+    changed) compute is the part that grew most, on the slow rank as the critical rank."""
     step = next((m for m in data.get("metrics", []) if m["metric"] == "step_time"), None)
     e = data.get("explanation") or {}
-    right_cause = e.get("top_part") == "compute" and e.get("critical_rank") == SLOW_RANK
+    work = e.get("work") or []
+    if work:
+        right_cause = (work[0]["family"] == "work_flops" and work[0]["name"] == f"rank {SLOW_RANK}"
+                       and work[0]["candidate"] > work[0]["baseline"])
+    else:
+        right_cause = e.get("top_part") == "compute" and e.get("critical_rank") == SLOW_RANK
     if rc == 3 or rc not in (0, 1):
         outcome = "failure (exit %d)" % rc
     elif arm == "aa":

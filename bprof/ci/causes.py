@@ -4,12 +4,15 @@ the baseline runs', ranked by contribution in ns per step.
 The partition family (compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other
 on each step's critical rank) sums to the critical rank's span, so its deltas add up to the change
 of the step; the other families refine a part (which kernel class, phase, idle cause, parallel
-dimension or straggler) and overlap it: they are ranked, never summed.
+dimension or straggler) and overlap it: they are ranked, never summed. The work families (executed
+FLOPs, collective calls and bytes per step of each rank) are amounts, not times: any change of them
+is listed apart, largest relative change first, and leads the headline.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from statistics import median
 
 from bprof.ci.stats import MAD_TO_SIGMA
@@ -27,6 +30,8 @@ REFINES = {
     "overlapped_comm": ("comm_dim",),
 }
 NOISE_SIGMAS = 3.0  # a delta within 3 robust sds of the baseline runs' values is marked as noise
+# work families (bprof.ci.summary.WORK): amounts per step on one rank, compared apart from the times
+WORK_FAMILIES = {"work_flops": "executed FLOPs", "work_calls": "collective calls", "work_bytes": "collective bytes"}
 
 
 @dataclass
@@ -46,6 +51,18 @@ class Cause:
 
 
 @dataclass
+class WorkChange:
+    family: str  # work_flops, work_calls or work_bytes
+    name: str  # rank R
+    baseline: float  # median over the baseline runs (0 where a run lacks the rank)
+    candidate: float
+    change_frac: float | None  # candidate / baseline - 1; None when the baseline did none of it
+
+    def label(self) -> str:
+        return f"{WORK_FAMILIES[self.family]} on {self.name}"
+
+
+@dataclass
 class Explanation:
     parts: list[Cause]  # the partition, largest growth first
     refinements: list[Cause]  # every other family, largest growth first
@@ -53,6 +70,7 @@ class Explanation:
     top_part: str | None  # name of the partition part ranked first
     critical_rank: int | None  # the candidate's critical rank
     baseline_critical_rank: int | None
+    work: list[WorkChange] = field(default_factory=list)  # amounts per step that changed, largest change first
 
 
 def explain(candidate: RunSummary, baseline: list[RunSummary], worse_is_longer: bool = True) -> Explanation:
@@ -61,8 +79,14 @@ def explain(candidate: RunSummary, baseline: list[RunSummary], worse_is_longer: 
     keys = set(candidate.components)
     for b in baseline:
         keys |= set(b.components)
-    causes = []
+    causes, work = [], []
     for family, name in keys:
+        if family in WORK_FAMILIES:
+            values = [b.components.get((family, name), 0) for b in baseline]
+            base, cand = (median(values) if values else 0), candidate.components.get((family, name), 0)
+            if cand != base:
+                work.append(WorkChange(family, name, base, cand, cand / base - 1.0 if base else None))
+            continue
         values = [b.components.get((family, name), 0) for b in baseline]
         base = median(values) if values else 0
         noise = MAD_TO_SIGMA * median(abs(v - base) for v in values) if values else 0
@@ -76,8 +100,30 @@ def explain(candidate: RunSummary, baseline: list[RunSummary], worse_is_longer: 
     refinements = [c for c in order if c.family != "partition"]
     ranks = [b.critical_rank for b in baseline if b.critical_rank is not None]
     base_rank = max(set(ranks), key=ranks.count) if ranks else None
-    return Explanation(parts, refinements, _headline(candidate, parts, refinements, sign, base_rank),
-                       parts[0].name if parts else None, candidate.critical_rank, base_rank)
+    work.sort(key=lambda w: (-(abs(w.change_frac) if w.change_frac is not None else math.inf), w.family, w.name))
+    headline = _headline(candidate, parts, refinements, sign, base_rank)
+    if work:
+        headline = f"{_work_text(work)}; step parts: {headline}"
+    return Explanation(parts, refinements, headline, parts[0].name if parts else None, candidate.critical_rank,
+                       base_rank, work)
+
+
+def _work_text(work: list[WorkChange]) -> str:
+    """The largest change of work, e.g. 'executed FLOPs on rank 1 grew +35.0%/step (864M -> 1.17G)'."""
+    top = work[0]
+    verb = "grew" if top.candidate > top.baseline else "shrank"
+    change = f" {top.change_frac:+.1%}/step" if top.change_frac is not None else ""
+    text = f"{top.label()} {verb}{change} ({_amount(top.baseline)} -> {_amount(top.candidate)})"
+    if len(work) > 1:
+        text += f"; {len(work) - 1} other work amount(s) changed"
+    return text
+
+
+def _amount(x: float) -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{suffix}"
+    return f"{x:.3g}"
 
 
 def _headline(candidate: RunSummary, parts: list[Cause], refinements: list[Cause], sign: int,

@@ -17,6 +17,8 @@ def fmt_value(value: float, unit: str) -> str:
         return f"{value / 1e6:.2f} ms"
     if unit == "frac":
         return f"{100 * value:.2f}%"
+    if unit in ("flops", "bytes"):
+        return f"{value:.4g} {'FLOP' if unit == 'flops' else 'B'}"
     return f"{value:.4g}"
 
 
@@ -36,7 +38,8 @@ def check_data(result: CheckResult) -> dict:
         "explanation": None if e is None else {
             "headline": e.headline, "top_part": e.top_part, "critical_rank": e.critical_rank,
             "baseline_critical_rank": e.baseline_critical_rank,
-            "parts": [asdict(c) for c in e.parts], "refinements": [asdict(c) for c in e.refinements]},
+            "parts": [asdict(c) for c in e.parts], "refinements": [asdict(c) for c in e.refinements],
+            "work": [asdict(w) for w in e.work]},
     }
 
 
@@ -75,6 +78,11 @@ def check_markdown(result: CheckResult) -> str:
         for r in rows:
             lines.append(f"| {escape_md(r.label())} | {r.baseline_ns / 1e6:.2f} ms | {r.candidate_ns / 1e6:.2f} ms | "
                          f"{r.delta_ns / 1e6:+.2f} ms | {'noise' if r.within_noise else ''} |")
+    if e is not None and e.work:
+        lines += ["", "| work per step (rank) | baseline | candidate | change |", "|---|---|---|---|"]
+        for w in e.work[:MAX_CAUSE_ROWS]:
+            change = f"{w.change_frac:+.1%}" if w.change_frac is not None else "new"
+            lines.append(f"| {escape_md(w.label())} | {w.baseline:.4g} | {w.candidate:.4g} | {change} |")
     return "\n".join(lines) + "\n"
 
 

@@ -55,8 +55,11 @@ def spread_frac(values: list[float]) -> float | None:
 
 
 def mean_sd(values: list[float]) -> tuple[float, float]:
-    """Sample mean and sample standard deviation (n - 1 denominator); needs two values."""
+    """Sample mean and sample standard deviation (n - 1 denominator); needs two values. Equal values
+    (a work metric of unchanged runs) have exactly their value as mean: summing would round it."""
     n = len(values)
+    if min(values) == max(values):
+        return values[0], 0.0
     mean = sum(values) / n
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
 

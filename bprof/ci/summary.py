@@ -26,7 +26,16 @@ from bprof.ci.stats import robust_keep, spread_frac
 from bprof.errors import DataError
 
 # what the CLI calls a metric -> (its name in the store, unit, "higher" or "lower" is better)
-METRICS = {"step_time": ("step_time_ns", "ns", "lower"), "mfu": ("mfu_frac", "frac", "higher")}
+METRICS = {"step_time": ("step_time_ns", "ns", "lower"), "mfu": ("mfu_frac", "frac", "higher"),
+           "executed_flops": ("executed_flops_per_step", "flops", "lower"),
+           "collective_calls": ("collective_calls_per_step", "calls", "lower"),
+           "collective_bytes": ("collective_bytes_per_step", "bytes", "lower")}
+# Work metrics: amounts, not times. A run's value is the median over kept steps of the busiest rank's
+# amount per step; the same code does the same work however loaded the machine, so on a noisy shared
+# runner they show a change of work (an extra matmul loop, recompute, unbucketed all-reduces) that
+# the time metrics' noise hides. Per rank they are components of family work_<quantity>, "rank R".
+WORK = {"executed_flops_per_step": "work_flops", "collective_calls_per_step": "work_calls",
+        "collective_bytes_per_step": "work_bytes"}
 # declared parallel layout keys of the bprof_model metadata (bprof.set_model_flops), when present
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "microbatches", "schedule")
 MFU_ONLY_FACTS = ("peak_flops_per_s_per_device",)  # differ -> MFU is not comparable; step time still is
@@ -53,7 +62,7 @@ class RunSummary:
     started_at: str | None
     facts: dict  # comparability facts; None values are unknown
     metrics: dict[str, MetricSummary]  # by store name (step_time_ns, mfu_frac)
-    components: dict[tuple[str, str], int]  # (family, name) -> ns per step
+    components: dict[tuple[str, str], int]  # (family, name) -> ns per step; work_* families: amount per step
     critical_rank: int | None = None
     critical_rank_frac: float | None = None
 
@@ -110,8 +119,53 @@ def summarize(con: duckdb.DuckDBPyConnection, run_id: int) -> RunSummary:
         metrics["mfu_frac"] = MetricSummary(None, "frac", len(steps), excluded_steps,
                                             not_measurable=_mfu_reason(con, run_id, model_flops, peak))
     components, critical, critical_frac = _components(con, run_id, kept_steps)
+    for store_name, (value, spread, per_rank, why) in _work(con, run_id, kept_steps).items():
+        unit = next(u for name, u, _ in METRICS.values() if name == store_name)
+        metrics[store_name] = MetricSummary(value, unit, len(steps), excluded_steps, spread, why)
+        components |= {(WORK[store_name], f"rank {rank}"): int(round(v)) for rank, v in per_rank.items()}
     return RunSummary(name, fingerprint, benchmark, git_sha, git_branch, list(tags or []), started_at, facts, metrics,
                       components, critical, critical_frac)
+
+
+# amount per rank and kept step of each work metric; queries take $run_id and $steps
+_WORK_SQL = {
+    "executed_flops_per_step": """
+        SELECT rank, step, executed_flops FROM kernels_flops
+        WHERE run_id = $run_id AND list_contains($steps, step) AND executed_flops IS NOT NULL""",
+    "collective_calls_per_step": """
+        SELECT rank, step, count(*) FROM collectives
+        WHERE run_id = $run_id AND list_contains($steps, step) GROUP BY rank, step""",
+    "collective_bytes_per_step": """
+        SELECT rank, step, sum(in_bytes) FROM collectives
+        WHERE run_id = $run_id AND list_contains($steps, step) AND in_bytes IS NOT NULL GROUP BY rank, step""",
+}
+_WORK_TABLES = {"executed_flops_per_step": "kernels_flops", "collective_calls_per_step": "collectives",
+                "collective_bytes_per_step": "collectives"}
+_WORK_MISSING = {
+    "executed_flops_per_step": "no executed FLOPs from recorded shapes (bprof record records shapes; analyse the run)",
+    "collective_calls_per_step": "no collectives in its kept steps",
+    "collective_bytes_per_step": "no collective message sizes in its kept steps",
+}
+
+
+def _work(con, run_id: int, kept_steps: list[int]) -> dict[str, tuple]:
+    """Each work metric: (median over kept steps of the largest amount of any rank, the spread of those
+    per-step values, {rank: median over kept steps of its amount}, why it is not measurable or None).
+    A rank without a row in a kept step did none of that work there (0)."""
+    ranks = [r for (r,) in con.execute("""SELECT DISTINCT rank FROM step_metrics
+                                          WHERE run_id = ? AND name = 'step_time_ns' ORDER BY rank""", [run_id]).fetchall()]
+    out = {}
+    for store_name, sql in _WORK_SQL.items():
+        rows = con.execute(sql, {"run_id": run_id, "steps": kept_steps}).fetchall() \
+            if kept_steps and table_exists(con, _WORK_TABLES[store_name]) else []
+        if not rows:
+            out[store_name] = (None, None, {}, _WORK_MISSING[store_name])
+            continue
+        amount = {(rank, step): float(v) for rank, step, v in rows}
+        busiest = [max(amount.get((r, s), 0.0) for r in ranks) for s in kept_steps]
+        per_rank = {r: median(amount.get((r, s), 0.0) for s in kept_steps) for r in ranks}
+        out[store_name] = (median(busiest), spread_frac(busiest), per_rank, None)
+    return out
 
 
 def _process_groups(con, run_id: int) -> list[str] | None:

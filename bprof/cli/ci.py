@@ -110,7 +110,8 @@ def check(
     run: Optional[str] = RunArgument,
     db: Path = DbOption,
     history: Optional[Path] = HistoryOption,
-    metric: Optional[List[str]] = typer.Option(None, "--metric", help="step_time or mfu (repeatable; default: both)."),
+    metric: Optional[List[str]] = typer.Option(None, "--metric", help="step_time, mfu, or a work metric: executed_flops, collective_calls, collective_bytes "
+                                     "(amounts per step, immune to a noisy runner's load; repeatable; default: step_time and mfu)."),
     baseline: str = typer.Option("main", "--baseline", help="Baseline series (a branch), or a run of the history "
                                                              "(its series up to that run)."),
     baseline_runs: int = typer.Option(10, "--baseline-runs", help="Compare with the last N comparable runs of the series (at least 5)."),
@@ -168,7 +169,7 @@ def trend(
     history: Optional[Path] = HistoryOption,
     branch: str = typer.Option("main", "--branch", help="Baseline series to scan."),
     benchmark: Optional[str] = typer.Option(None, "--benchmark", help="Benchmark name (default: the series' only one)."),
-    metric: str = typer.Option("step_time", "--metric", help="step_time or mfu."),
+    metric: str = typer.Option("step_time", "--metric", help="step_time, mfu, executed_flops, collective_calls or collective_bytes."),
     confidence: float = typer.Option(0.99, "--confidence", help="Significance of a change point: 1 - p, in (0.5, 1)."),
     permutations: int = typer.Option(199, "--permutations", min=19, help="Random reorderings behind each p-value."),
     as_json: bool = JsonOption,

@@ -140,3 +140,41 @@ def test_ci_gate_run2_a_load_burst_is_called_and_explained_as_what_it_was():
     e = result.explanation
     assert (e.top_part, e.critical_rank) == ("compute", 0)
     assert [c.name for c in e.refinements if c.family == "phase"][:2] == ["backward", "forward"]
+
+
+WORK = CheckOptions(metrics=("step_time", "mfu", "executed_flops", "collective_calls"))
+
+
+def test_work_metrics_call_every_planted_slowdown_that_the_time_noise_hides_and_no_unchanged_run():
+    # ci_gate run 1 again: the candidates were checked against the baseline runs; the time metrics
+    # miss every planted 5%/10% slowdown, but rank 1's planted matmul loop is executed FLOPs that
+    # unchanged code never does, whatever the load
+    for name, summary in GATE.items():
+        if name.startswith("base"):
+            continue
+        result = check(summary, series(GATE_BASES), WORK)
+        verdict = {v.metric: v for v in result.verdicts}
+        assert verdict["step_time"].verdict == "pass", name
+        assert verdict["collective_calls"].change_frac == pytest.approx(0.0, abs=1e-12), name
+        flops = verdict["executed_flops"]
+        if name.startswith("aa"):
+            assert result.status == "pass" and flops.change_frac == pytest.approx(0.0, abs=1e-12), name
+            assert not flops.outside_band and result.explanation.work == [], name
+            continue
+        assert result.status == "regression" and flops.verdict == "regression" and flops.change_frac > 0.2, name
+        top = result.explanation.work[0]
+        assert (top.family, top.name, top.baseline) == ("work_flops", "rank 1", GATE_BASES[0].metrics[
+            "executed_flops_per_step"].value), name
+        assert top.candidate == flops.candidate and result.explanation.headline.startswith(
+            "executed FLOPs on rank 1 grew +"), name
+
+
+def test_fewer_executed_flops_is_an_improvement_not_a_pass():
+    base = GATE_BASES[0]
+    m = base.metrics["executed_flops_per_step"]
+    halved = replace(base, run_name="half", fingerprint="half", metrics={
+        **base.metrics, "executed_flops_per_step": replace(m, value=m.value / 2)},
+        components={**base.components, ("work_flops", "rank 0"): base.components[("work_flops", "rank 0")] // 2})
+    result = check(halved, series(GATE_BASES), WORK)
+    assert {v.metric: v.verdict for v in result.verdicts}["executed_flops"] == "improvement"
+    assert result.explanation.work[0].name == "rank 0" and result.explanation.work[0].change_frac == pytest.approx(-0.5)
