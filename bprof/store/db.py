@@ -291,6 +291,8 @@ COMMENT ON COLUMN replays.bytes IS 'Collectives: bytes of the message(s) of the 
 COMMENT ON COLUMN replays.busbw_bytes_per_s IS 'Collectives: nccl-tests bus bandwidth of the replay, bytes / replayed time x the op''s factor (all_reduce 2(n-1)/n).';
 COMMENT ON COLUMN replays.finding_id IS 'The bprof analyze finding the item verifies (findings.finding_id at replay time; analysing again renumbers findings).';
 COMMENT ON COLUMN replays.finding_title IS 'Title of that finding, kept for when it is renumbered.';
+COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time), straggler (stragglers_ranks lost_ns of a flagged rank), or a work amount of one rank: work_flops (kernels_flops executed FLOPs), work_calls (collectives calls), work_bytes (collectives input bytes).';
+COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns); for the work_* families the amount per step on that rank (FLOPs, calls or bytes), median over kept steps.';
 """,
 }
 

@@ -471,9 +471,9 @@ CREATE TABLE ci_components (
 );
 COMMENT ON TABLE ci_components IS 'Parts of a run''s step the CI gate diffs to say why a metric moved: median over kept steps of each part on the step''s critical rank (stragglers: per run).';
 COMMENT ON COLUMN ci_components.history_id IS 'Run (ci_runs.history_id).';
-COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time) or straggler (stragglers_ranks lost_ns of a flagged rank).';
+COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time), straggler (stragglers_ranks lost_ns of a flagged rank), or a work amount of one rank: work_flops (kernels_flops executed FLOPs), work_calls (collectives calls), work_bytes (collectives input bytes).';
 COMMENT ON COLUMN ci_components.name IS 'The part within its family (compute, gemm, data_wait, dp, rank 3, ...).';
-COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns).';
+COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns); for the work_* families the amount per step on that rank (FLOPs, calls or bytes), median over kept steps.';
 
 CREATE SEQUENCE replay_id_seq START 1;
 
