@@ -6,6 +6,7 @@ Torch-free, so that reading and reporting replays needs no torch.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -20,6 +21,8 @@ NOT_REPRODUCED = "slower in isolation than in the trace"
 # traced / replayed beyond this factor (and beyond both spreads) is a context problem; on this
 # factor's other side the replay is slower than the trace: conditions differ (threads, device)
 CONTEXT_FACTOR = 1.5
+SIGN_ALPHA = 0.05  # a verdict's pairs must be this unlikely for a coin (two-sided sign test)
+MIN_EFFECT = 1.05  # and its median paired speedup beyond 5 % either way
 
 
 @dataclass
@@ -75,14 +78,38 @@ def samples_result(base: ReplayResult, samples_s: list[float]) -> ReplayResult:
 
 
 def judge(variant: list[float], baseline: list[float]) -> tuple[float, str]:
-    """(speedup = baseline median / variant median, verdict). Faster or slower only when the ranges of
-    the interleaved repeats do not overlap: on a noisy machine anything less is noise."""
+    """(speedup = baseline median / variant median, verdict). Repeat i of the variant and of the
+    baseline ran back to back (interleaved), so they met the same load: a pair is one fair comparison.
+    Faster (slower) when the variant won (lost) in so many pairs that a coin would do so with
+    probability at most SIGN_ALPHA (exact two-sided sign test: 7 of 7, 8 of 9, 9 of 10 ...) and the
+    median paired speedup is beyond MIN_EFFECT; anything less is noise. Unpaired samples (different
+    counts) need every repeat of one to beat every repeat of the other."""
     speedup = statistics.median(baseline) / statistics.median(variant)
-    if max(variant) < min(baseline):
+    if len(variant) != len(baseline):
+        if max(variant) < min(baseline):
+            return speedup, FASTER
+        if min(variant) > max(baseline):
+            return speedup, SLOWER
+        return speedup, NOISE
+    ratios = [b / v for b, v in zip(baseline, variant) if v > 0 and b > 0]
+    wins, losses = sum(r > 1 for r in ratios), sum(r < 1 for r in ratios)
+    if not ratios or sign_test_p(max(wins, losses), wins + losses) > SIGN_ALPHA:
+        return speedup, NOISE
+    paired = statistics.median(ratios)
+    if wins > losses and paired >= MIN_EFFECT:
         return speedup, FASTER
-    if min(variant) > max(baseline):
+    if losses > wins and paired <= 1 / MIN_EFFECT:
         return speedup, SLOWER
     return speedup, NOISE
+
+
+def sign_test_p(k: int, n: int) -> float:
+    """Two-sided exact sign test: the probability that a fair coin lands the same side k or more times
+    of n (doubled, at most 1)."""
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 
 
 def classify(traced_ns: list[int], replayed_ns: list[int]) -> str:

@@ -20,6 +20,7 @@ from tests.analyzers.recorded import analysed, record_train_gpt
 from tests.cli.test_cli import bprof
 
 QUICK = dict(repeats=3, min_time_s=0.005)
+VERDICT = dict(repeats=7, min_time_s=0.005)  # 7 pairs: the fewest a sign test can call at 5 %
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +59,14 @@ def test_plan_finds_the_planted_loop_storm_and_transposed_matmul(planted):
 def test_loop_of_small_matmuls_is_verified_faster_as_one_bmm(planted):
     con = open_store(planted)
     try:
-        _, results = replay(con, ReplayOptions(op="aten::mm", top=1, variants=("bmm",), **QUICK))
+        _, results = replay(con, ReplayOptions(op="aten::mm", top=1, variants=("bmm",), **VERDICT))
     finally:
         con.close()
     [base] = [r for r in results if r.item_kind == "op_loop" and r.variant == "baseline"]
     [bmm] = [r for r in results if r.item_kind == "op_loop" and r.variant == "bmm"]
     assert base.status == bmm.status == "replayed" and base.num_threads == 1
     assert bmm.verdict == "faster" and bmm.speedup > 1
-    assert len(base.replayed_samples_ns) == 3 and base.replayed_spread_frac is not None
+    assert len(base.replayed_samples_ns) == 7 and base.replayed_spread_frac is not None
 
 
 def test_bf16_matmul_on_this_cpu_is_reported_slower(planted):
@@ -73,7 +74,7 @@ def test_bf16_matmul_on_this_cpu_is_reported_slower(planted):
         pytest.skip("this CPU has bf16 matrix instructions: bf16 may really be faster here")
     con = open_store(planted)
     try:
-        _, results = replay(con, ReplayOptions(op="aten::mm", top=1, variants=("bf16",), **QUICK))
+        _, results = replay(con, ReplayOptions(op="aten::mm", top=1, variants=("bf16",), **VERDICT))
     finally:
         con.close()
     [bf16] = [r for r in results if r.item_kind == "op" and r.variant == "bf16"]
@@ -168,3 +169,16 @@ def test_gpu_trace_ops_are_listed_with_shapes_and_dtypes(tmp_path):
         assert con.execute("SELECT count(*) FROM replays").fetchone()[0] == 0  # a dry run stores nothing
     finally:
         con.close()
+
+
+def test_verdicts_are_a_paired_sign_test_with_a_minimum_effect():
+    from bprof.replay.results import FASTER, NOISE, SLOWER, judge, sign_test_p
+
+    assert sign_test_p(7, 7) == 2 / 128 and sign_test_p(6, 7) == 2 * 8 / 128 and sign_test_p(8, 9) == 2 * 10 / 512
+    base = [1.0, 1.6, 1.1, 2.0, 1.2, 1.4, 1.0]  # a drifting load: the ranges of the two overlap
+    assert judge([b / 1.3 for b in base], base) == (pytest.approx(1.3), FASTER)
+    assert judge([b * 1.3 for b in base], base)[1] == SLOWER
+    assert judge([b / 1.02 for b in base], base)[1] == NOISE  # every pair won, by too little
+    one_lost = [b / 1.3 for b in base[:-1]] + [base[-1] * 1.1]
+    assert judge(one_lost, base)[1] == NOISE  # 6 of 7 is what a coin does 12.5 % of the time
+    assert judge([0.5, 0.6], [1.0, 1.1, 1.2])[1] == FASTER  # unpaired: every repeat beat every one
