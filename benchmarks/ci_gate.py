@@ -11,11 +11,13 @@ One set of settings for everything (printed at the start):
   OMP_NUM_THREADS=1, --tp 1 --dp 2 --layers 2 --hidden 64 --seq 64, 9 steps), analysed by
   `bprof ci check` itself; MFU's peak from one `bprof calibrate` at the start;
 - the baseline: --baseline runs recorded first, each added to series main (`bprof ci record`);
-- then rounds of [A/A, A/B 5%, A/A, A/B 10%] until --aa A/A and --ab of each A/B are done, so that
+- then rounds of [A/A, A/B 5%, A/A, A/B 10%, A/A, A/B config] until --aa A/A and --ab of each A/B
+  are done (--config of the config arm), so that
   the machine's drift meets every arm alike. A/A candidates are unchanged runs; after its check each
   joins series main, as a merged unchanged commit would (the gate compares with the last 10 runs);
 - A/B candidates plant a slowdown with `--slow-rank 1 --slow-ms X`: X is 5% or 10% of the median step
-  time of the baseline series (rank 1 computes X ms more per step; rank 0 waits for it);
+  time of the baseline series (rank 1 computes X ms more per step; rank 0 waits for it); A/B config
+  candidates run a slower configuration, `--no-bucket` (DP gradients all-reduced one tensor at a time);
 - every candidate is checked with `bprof ci check --metric step_time --metric mfu --metric executed_flops
   --metric collective_calls --threshold 3% --confidence 0.99 --baseline main` (last 10 comparable runs):
   the time metrics and two work metrics (amounts per step, which the machine's load does not move).
@@ -25,7 +27,8 @@ summarised again from its analysed tables and checked, in recording order, again
 A/A runs before it (the series as the gate had built it), so a change to the gate is measured on the
 same recordings.
 
-Scored: A/A exit 0 = right, exit 1 = false alarm, exit 3 = failure. A/B exit 1 with the explanation's
+Scored: A/A exit 0 = right, exit 1 = false alarm, exit 3 = failure. A/B config: exit 1 with more
+collective calls as the largest change of work = detected with the right cause. A/B exit 1 with the explanation's
 first part `compute` on the slow rank = detected with the right cause; exit 1 otherwise = detected,
 wrong cause; exit 0 = missed; exit 3 = failure. Every check's JSON and every run's summary are kept
 under --out (results.json).
@@ -109,6 +112,7 @@ def main() -> int:
     parser.add_argument("--baseline", type=int, default=10, help="baseline runs recorded first")
     parser.add_argument("--aa", type=int, default=20, help="A/A candidates")
     parser.add_argument("--ab", type=int, default=10, help="A/B candidates of each planted slowdown")
+    parser.add_argument("--config", type=int, default=5, help="A/B candidates of the slower configuration (--no-bucket)")
     args = parser.parse_args()
     if args.reanalyse:
         saved = json.loads(args.reanalyse.read_text())
@@ -126,8 +130,9 @@ def main() -> int:
         raise SystemExit(f"{out / 'bench.duckdb'} exists: pick a fresh --out")
     started = time.time()
     print(f"ci_gate: {NPROC} CPU ranks, train_gpt {' '.join(TRAINER_ARGS)}, bprof record --steps {STEPS}; "
-          f"{args.baseline} baseline runs, {args.aa} A/A, {args.ab} A/B at 5% and at 10%; "
-          f"check: --threshold 3% --confidence 0.99, last 10 runs; load average {os.getloadavg()}", flush=True)
+          f"{args.baseline} baseline runs, {args.aa} A/A, {args.ab} A/B at 5% and at 10%, {args.config} --no-bucket; "
+          f"check: {' '.join('--metric ' + m for m in METRICS)} --threshold 3% --confidence 0.99, last 10 runs; "
+          f"load average {os.getloadavg()}", flush=True)
     cal = bprof("calibrate", "--db", "bench.duckdb", "--dtype", "fp32", cwd=out)
     if cal.returncode != 0:
         raise SystemExit(f"calibrate failed: {cal.stderr}")
@@ -141,8 +146,8 @@ def main() -> int:
           f"on rank {SLOW_RANK}", flush=True)
 
     results = []
-    todo = {"aa": args.aa, "ab5": args.ab, "ab10": args.ab}
-    pattern = ["aa", "ab5", "aa", "ab10"]
+    todo = {"aa": args.aa, "ab5": args.ab, "ab10": args.ab, "abcfg": args.config}
+    pattern = ["aa", "ab5", "aa", "ab10", "aa", "abcfg"]
     k = 0
     while any(todo.values()):
         arm = pattern[k % len(pattern)]
@@ -150,7 +155,7 @@ def main() -> int:
         if not todo[arm]:
             continue
         todo[arm] -= 1
-        extra = [] if arm == "aa" else ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms[arm])]
+        extra = {"aa": [], "abcfg": ["--no-bucket"]}.get(arm) or ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms[arm])]
         name = record(out, f"{arm}-{k:03d}", extra)
         rc, data = check(out, name)
         if arm == "aa" and rc in (0, 1):
@@ -203,7 +208,9 @@ def score(arm: str, name: str, rc: int, data: dict) -> dict:
     step = next((m for m in data.get("metrics", []) if m["metric"] == "step_time"), None)
     e = data.get("explanation") or {}
     work = e.get("work") or []
-    if work:
+    if arm == "abcfg":
+        right_cause = bool(work) and work[0]["family"] == "work_calls" and work[0]["candidate"] > work[0]["baseline"]
+    elif work:
         right_cause = (work[0]["family"] == "work_flops" and work[0]["name"] == f"rank {SLOW_RANK}"
                        and work[0]["candidate"] > work[0]["baseline"])
     else:
@@ -236,7 +243,7 @@ def print_rates(results: list[dict], args) -> None:
         print(f"noise: the step-time band's upper edge was +{bands[len(bands) // 2]:.1%} over the baseline (median "
               f"over checks; range +{bands[0]:.1%} to +{bands[-1]:.1%}); A/A |change| median {changes[len(changes) // 2]:.1%}, "
               f"max {changes[-1]:.1%}")
-    for arm, label in (("ab5", "5%"), ("ab10", "10%")):
+    for arm, label in (("ab5", "5%"), ("ab10", "10%"), ("abcfg", "config (--no-bucket)")):
         rows = [r for r in results if r["arm"] == arm]
         right = sum(r["outcome"] == "detected, right cause" for r in rows)
         wrong = sum(r["outcome"] == "detected, wrong cause" for r in rows)
