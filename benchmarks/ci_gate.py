@@ -155,7 +155,12 @@ def main() -> int:
         if not todo[arm]:
             continue
         todo[arm] -= 1
-        extra = {"aa": [], "abcfg": ["--no-bucket"]}.get(arm) or ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms[arm])]
+        if arm == "aa":
+            extra = []
+        elif arm == "abcfg":
+            extra = ["--no-bucket"]
+        else:
+            extra = ["--slow-rank", str(SLOW_RANK), "--slow-ms", str(slow_ms[arm])]
         name = record(out, f"{arm}-{k:03d}", extra)
         rc, data = check(out, name)
         if arm == "aa" and rc in (0, 1):
