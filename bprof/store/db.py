@@ -283,7 +283,7 @@ COMMENT ON COLUMN replays.replayed_ns IS 'Median over the repeats of the replaye
 COMMENT ON COLUMN replays.replayed_spread_frac IS 'Spread of the repeats: (max - min) / median.';
 COMMENT ON COLUMN replays.baseline_ns IS 'Variant rows: replayed_ns of the baseline, timed interleaved with the variant.';
 COMMENT ON COLUMN replays.speedup IS 'Variant rows: baseline_ns / replayed_ns, a factor (above 1 is faster).';
-COMMENT ON COLUMN replays.verdict IS 'Variant rows: faster (every variant repeat beat every baseline repeat), slower (the reverse) or no better than noise.';
+COMMENT ON COLUMN replays.verdict IS 'Variant rows: faster (the variant won so many of the back-to-back repeat pairs that a fair coin would with probability <= 5 %, two-sided sign test, and the median paired speedup is above 1.05), slower (the reverse) or no better than noise.';
 COMMENT ON COLUMN replays.classification IS 'Baseline rows: slow in isolation (the replay takes what the trace took: a kernel, shape or dtype problem), fast in isolation, slow in the trace (traced above 1.5 x replayed: contention, a straggler, overlap), or slower in isolation than in the trace (conditions differ).';
 COMMENT ON COLUMN replays.group_size IS 'Collectives: ranks of the recorded process group.';
 COMMENT ON COLUMN replays.replayed_group_size IS 'Collectives: ranks of the replay''s process group (at most what this machine runs).';
