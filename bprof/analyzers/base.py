@@ -23,6 +23,7 @@ class Options:
     """Knobs of one `bprof analyze` run; every analyzer gets the same object."""
 
     peak_flops_per_s: float | None = None  # dense peak per device, overrides the tables (--peak-flops)
+    nic_bytes_per_s: float | None = None  # inter-host link peak per GPU and direction (--nic-gbps)
     hta_compat: bool = False  # also compute HTA 0.5's whole-trace breakdown (parity checks only)
     tokens_per_step: int | None = None  # overrides the run's declared tokens per optimizer step
     top_n: int = 20  # rows kept in "top" tables (kernels, ops)

@@ -2,6 +2,10 @@
 time and nccl-tests bandwidths per matched instance on aligned clocks, aggregated per group, op
 and message size; uneven MoE all_to_all becomes an expert-imbalance finding.
 
+The link peak an instance's bus bandwidth is compared with: within a host the slowest member
+device's NVLink per direction (bprof/kernels/devices.csv), across hosts the NIC the user gives
+(Options.nic_bytes_per_s, `bprof analyze --nic-gbps`); unknown stays NULL.
+
 Reads match_instances, match_members, ranks, collectives; writes collperf_instances,
 collperf_waits, collperf_groups (definitions in collperf.sql). Each member's wait is a row of
 collperf_waits (an interval on its own clock, what breakdown intersects); the last member waits 0.
@@ -9,9 +13,12 @@ collperf_waits (an interval on its own clock, what breakdown intersects); the la
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
+from bprof.kernels.devices import resolve_device
 
 NAME = "collperf"
 TABLES = ["collperf_instances", "collperf_waits", "collperf_groups"]
@@ -19,8 +26,25 @@ IMBALANCE_FRAC = 0.2  # all_to_all flagged when the busiest receiver gets >= 1.2
 
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    _link_peaks(con, run_id, options)
     run_sql(con, "collperf.sql", run_id)
     return Result(NAME, TABLES, _findings(con, run_id))
+
+
+def _link_peaks(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> None:
+    """_collperf_links(rank, intra_bytes_per_s, inter_bytes_per_s): each rank's device NVLink peak per
+    direction (NULL for a device the table has no link for, or no device) and the NIC peak given."""
+    rows = []
+    for rank, device_index, props_json in con.execute(
+            "SELECT rank, device_index, device_properties FROM ranks WHERE run_id = ?", [run_id]).fetchall():
+        props = json.loads(props_json) if props_json else []
+        mine = [p for p in props if p.get("id") == device_index] or props[:1]
+        device = resolve_device(mine[0]) if mine else None
+        rows.append((rank, device.link_bytes_per_s if device else None, options.nic_bytes_per_s))
+    con.execute("CREATE OR REPLACE TEMP TABLE _collperf_links (rank INTEGER, intra_bytes_per_s DOUBLE, "
+                "inter_bytes_per_s DOUBLE)")
+    if rows:
+        con.executemany("INSERT INTO _collperf_links VALUES (?, ?, ?)", rows)
 
 
 def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:

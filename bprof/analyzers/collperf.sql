@@ -64,7 +64,7 @@ COMMENT ON COLUMN collperf_instances.algbw_bytes_per_s IS 'bytes / transfer time
 COMMENT ON COLUMN collperf_instances.busbw_factor IS 'nccl-tests bus-bandwidth factor of the op: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n; broadcast, reduce, p2p 1; NULL for others (barrier).';
 COMMENT ON COLUMN collperf_instances.busbw_bytes_per_s IS 'algbw_bytes_per_s x busbw_factor (nccl-tests busbw), comparable with the link bandwidth.';
 COMMENT ON COLUMN collperf_instances.spans_hosts IS 'Whether the members are on more than one host (inter-host link) or one (intra-host link); NULL when a member''s host is unknown.';
-COMMENT ON COLUMN collperf_instances.link_peak_bytes_per_s IS 'Peak bandwidth of the link the instance crosses (NVLink/xGMI within a host, the NIC across hosts); NULL: bprof has no table of link bandwidths yet, and guessing one would make busbw_peak_frac a fiction.';
+COMMENT ON COLUMN collperf_instances.link_peak_bytes_per_s IS 'Peak bandwidth per direction of the link the instance crosses: within a host the slowest member device''s NVLink (devices.csv link_bytes_per_s), across hosts the NIC given as bprof analyze --nic-gbps; NULL when unknown (a device without NVLink in the table, a CPU run, no --nic-gbps): never guessed.';
 COMMENT ON COLUMN collperf_instances.busbw_peak_frac IS 'busbw_bytes_per_s / link_peak_bytes_per_s; NULL while the link peak is unknown.';
 COMMENT ON COLUMN collperf_instances.wait_ns IS 'Sum over the members of their wait for the last peer (last arrival - own arrival): rank-time the instance cost in waiting; each wait is in collperf_waits.';
 COMMENT ON COLUMN collperf_instances.member_bytes_imbalance_frac IS 'all_to_all only: 1 - mean / max of the bytes the members receive (out_bytes): 0 when every rank (expert) receives the same, near 1 when one receives almost everything; NULL for other ops or without sizes.';
@@ -122,7 +122,7 @@ COMMENT ON COLUMN collperf_groups.median_transfer_ns IS 'Median transfer time; N
 COMMENT ON COLUMN collperf_groups.transfer_ns IS 'Sum of transfer times.';
 COMMENT ON COLUMN collperf_groups.median_algbw_bytes_per_s IS 'Median algbw.';
 COMMENT ON COLUMN collperf_groups.median_busbw_bytes_per_s IS 'Median busbw.';
-COMMENT ON COLUMN collperf_groups.link_peak_bytes_per_s IS 'Peak bandwidth of the link; NULL: no link-bandwidth table yet (never guessed).';
+COMMENT ON COLUMN collperf_groups.link_peak_bytes_per_s IS 'Peak bandwidth per direction of the link (as collperf_instances.link_peak_bytes_per_s; the lowest of the group''s instances); NULL when unknown.';
 COMMENT ON COLUMN collperf_groups.busbw_peak_frac IS 'median_busbw_bytes_per_s / link_peak_bytes_per_s; NULL while the peak is unknown.';
 
 -- Algorithm: one GROUP BY over the members of every instance, then only complete ones are kept;
@@ -141,6 +141,14 @@ WITH hosts AS (
     FROM groups g
     JOIN (SELECT pg_name, unnest(pg_ranks) AS rank FROM groups) u USING (pg_name)
     LEFT JOIN hosts h USING (rank)
+    GROUP BY g.pg_name
+), group_links AS (
+    -- the group's intra-host link peak is its slowest member's (NULL unless every member's is known)
+    SELECT g.pg_name, CASE WHEN count(l.intra_bytes_per_s) = count(u.rank) THEN min(l.intra_bytes_per_s) END AS intra,
+        any_value(l.inter_bytes_per_s) AS inter
+    FROM groups g
+    JOIN (SELECT pg_name, unnest(pg_ranks) AS rank FROM groups) u USING (pg_name)
+    LEFT JOIN _collperf_links l USING (rank)
     GROUP BY g.pg_name
 ), agg AS (
     -- every matched instance: filtering on the instance first would probe each member into a
@@ -174,6 +182,8 @@ SELECT i.instance_id, i.op, i.pg_name, i.seq, i.is_p2p, i.step, i.num_members, i
     a.first_ns, a.last_ns, a.last_rank, x.imbalance, a.wait_ns,
     CASE WHEN i.is_p2p THEN CASE WHEN s.host IS NOT NULL AND d.host IS NOT NULL THEN s.host <> d.host END
          ELSE g.spans_hosts END AS spans_hosts,
+    CASE WHEN i.is_p2p THEN least(ls.intra_bytes_per_s, ld.intra_bytes_per_s) ELSE gl.intra END AS intra_bytes_per_s,
+    CASE WHEN i.is_p2p THEN ls.inter_bytes_per_s ELSE gl.inter END AS inter_bytes_per_s,
     CASE WHEN a.n_ends = a.n THEN a.end_ns END AS end_ns,
     CASE WHEN a.n_ends = a.n THEN a.end_ns - a.last_ns END AS transfer_ns,
     CASE WHEN i.is_p2p OR i.op IN ('broadcast', 'reduce') THEN 1.0
@@ -184,8 +194,11 @@ FROM derived a
 JOIN match_instances i ON i.run_id = $run_id AND i.instance_id = a.instance_id
 LEFT JOIN a2a x ON x.instance_id = a.instance_id
 LEFT JOIN group_hosts g ON g.pg_name = i.pg_name AND NOT i.is_p2p
+LEFT JOIN group_links gl ON gl.pg_name = i.pg_name AND NOT i.is_p2p
 LEFT JOIN hosts s ON s.rank = i.src_rank
 LEFT JOIN hosts d ON d.rank = i.dst_rank
+LEFT JOIN _collperf_links ls ON ls.rank = i.src_rank
+LEFT JOIN _collperf_links ld ON ld.rank = i.dst_rank
 WHERE i.status = 'complete' AND i.num_members >= 2 AND a.n_aligned = a.n;
 
 INSERT INTO collperf_instances
@@ -194,9 +207,10 @@ SELECT $run_id, instance_id, op, pg_name, seq, is_p2p, step, num_members, bytes,
     CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) END,
     factor,
     CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) * factor END,
-    spans_hosts, NULL, NULL,
+    spans_hosts, link_peak, CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) * factor / link_peak END,
     CASE WHEN op = 'all_to_all' THEN imbalance END, wait_ns
-FROM _collperf_inst;
+FROM (SELECT *, CASE spans_hosts WHEN true THEN inter_bytes_per_s WHEN false THEN intra_bytes_per_s END AS link_peak
+      FROM _collperf_inst);
 
 -- The wait on the member's own clock: from its own arrival for as long as it waited (the
 -- offset cancels: last_arrival_aligned - offset = own arrival + wait).
@@ -214,10 +228,12 @@ WITH g AS (
         bool_or(spans_hosts) AS spans_hosts, count(*) AS n, CAST(round(median(bytes)) AS BIGINT) AS bytes,
         CAST(round(median(skew_ns)) AS BIGINT) AS skew_ns, max(skew_ns) AS max_skew_ns, CAST(sum(wait_ns) AS BIGINT) AS wait_ns,
         CAST(round(median(transfer_ns)) AS BIGINT) AS transfer_ns, CAST(sum(transfer_ns) AS BIGINT) AS sum_transfer_ns,
-        median(algbw_bytes_per_s) AS algbw, median(busbw_bytes_per_s) AS busbw
+        median(algbw_bytes_per_s) AS algbw, median(busbw_bytes_per_s) AS busbw,
+        min(link_peak_bytes_per_s) AS link_peak
     FROM collperf_instances WHERE run_id = $run_id
     GROUP BY pg_name, op, size_bucket_bytes
 )
 SELECT $run_id, a.pg_name, g.pg_desc, g.pg_ranks, a.op, a.size_bucket_bytes, a.spans_hosts, a.n, a.bytes,
-    a.skew_ns, a.max_skew_ns, a.wait_ns, a.transfer_ns, a.sum_transfer_ns, a.algbw, a.busbw, NULL, NULL
+    a.skew_ns, a.max_skew_ns, a.wait_ns, a.transfer_ns, a.sum_transfer_ns, a.algbw, a.busbw, a.link_peak,
+    a.busbw / a.link_peak
 FROM agg a LEFT JOIN g ON g.pg_name IS NOT DISTINCT FROM a.pg_name;

@@ -30,6 +30,9 @@ def analyze(
     as_json: bool = JsonOption,
     peak_tflops: Optional[float] = typer.Option(
         None, "--peak-tflops", help="Dense peak TFLOP/s per device at the matmul dtype (overrides the tables and calibration)."),
+    nic_gbps: Optional[float] = typer.Option(
+        None, "--nic-gbps", help="Inter-host link per GPU, Gbit/s each way (e.g. 400 for NDR InfiniBand): the peak that "
+                                 "collectives crossing hosts are compared with. Intra-host NVLink peaks come from the device table."),
     tokens_per_step: Optional[int] = typer.Option(None, "--tokens-per-step", help="Tokens per optimizer step (global batch), when the run did not declare it."),
     top: int = typer.Option(10, "--top", help="Findings to print."),
     hta_compat: bool = typer.Option(False, "--hta-compat", help="Also compute HolisticTraceAnalysis 0.5's whole-trace breakdown (for parity checks)."),
@@ -40,7 +43,10 @@ def analyze(
     """Analyze a run: where each rank's step time goes, MFU/HFU, and findings ranked by lost time."""
     if peak_tflops is not None and peak_tflops <= 0:
         raise UsageError(f"--peak-tflops must be positive, got {peak_tflops}")
+    if nic_gbps is not None and nic_gbps <= 0:
+        raise UsageError(f"--nic-gbps must be positive, got {nic_gbps}")
     options = Options(peak_flops_per_s=None if peak_tflops is None else peak_tflops * 1e12,
+                      nic_bytes_per_s=None if nic_gbps is None else nic_gbps * 1e9 / 8,
                       hta_compat=hta_compat, tokens_per_step=tokens_per_step)
     console = Console(stderr=True)
     con = open_store(db)

@@ -1,4 +1,4 @@
-"""Dense datasheet peaks (FLOP/s per dtype, memory bytes/s) of a traced device, from devices.csv.
+"""Dense datasheet peaks (FLOP/s per dtype, memory and intra-host link bytes/s) of a traced device, from devices.csv.
 
 A device is matched by its Kineto deviceProperties (vendor, compute capability, SM/CU count and
 memory), the name breaking ties between boards of one chip; no match means None, never a guess.
@@ -30,6 +30,7 @@ class DevicePeaks:
     mem_bytes_per_s: float
     source: str
     matched_by: str  # which properties matched, in words
+    link_bytes_per_s: float | None = None  # intra-host link (NVLink) per direction per GPU; None: not in the table
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class _Row:
     mem_gib: tuple[float, float]
     flops_per_s: dict[str, float]
     mem_bytes_per_s: float
+    link_bytes_per_s: float | None
     source: str
 
 
@@ -58,7 +60,8 @@ def device_rows() -> tuple[_Row, ...]:
             sms=(int(r["sm_count_min"]), int(r["sm_count_max"])),
             mem_gib=(float(r["mem_gb_min"]), float(r["mem_gb_max"])),
             flops_per_s={k: float(r[f"{k}_flops_per_s"]) for k in DTYPE_KEYS if r[f"{k}_flops_per_s"]},
-            mem_bytes_per_s=float(r["mem_bytes_per_s"]), source=r["source"]))
+            mem_bytes_per_s=float(r["mem_bytes_per_s"]),
+            link_bytes_per_s=float(r["link_bytes_per_s"]) if r["link_bytes_per_s"] else None, source=r["source"]))
     return tuple(rows)
 
 
@@ -99,7 +102,8 @@ def resolve_device(props: dict) -> DevicePeaks | None:
         return None
     matched_by = (f"{vendor}, compute {compute[0]}.{compute[1]}, {sms} {'CUs' if vendor == 'amd' else 'SMs'}, "
                   f"{mem_gib:.1f} GiB; {how}")
-    return DevicePeaks(row.device_id, dict(row.flops_per_s), row.mem_bytes_per_s, row.source, matched_by)
+    return DevicePeaks(row.device_id, dict(row.flops_per_s), row.mem_bytes_per_s, row.source, matched_by,
+                       row.link_bytes_per_s)
 
 
 def normalize_dtype(traced: str) -> str | None:

@@ -2,6 +2,7 @@
 instances; waits handed back on each rank's own clock; expert imbalance; and waits, transfer times
 and last ranks against a synthetic run's planted truth."""
 
+import json
 import statistics
 
 import pytest
@@ -184,3 +185,42 @@ def test_last_rank_is_the_planted_last_wherever_the_arrivals_tell_it_apart(synth
     # the slow rank (3) arrives last at nearly every collective it shares with its TP and DP peers
     with_3 = [got for c, got in clear if 3 in c["ranks"] and c["op"] != "p2p"]
     assert len(with_3) > 50 and with_3.count(3) >= 0.9 * len(with_3)
+
+
+def test_busbw_is_compared_with_nvlink_within_a_host_and_the_given_nic_across_hosts(tmp_path, monkeypatch):
+    from bprof.analyzers import run as analysis
+    from bprof.analyzers.base import Options
+    from tests.analyzers.test_kernels_metrics import A100
+
+    con, run_id = _two_hosts(tmp_path)  # ranks 0, 1 on host a; 2, 3 on host b
+    con.execute("UPDATE ranks SET device_index = 0, device_properties = ? WHERE run_id = ?", [json.dumps(A100), run_id])
+    _add_samples(con, run_id)
+    add_calls(con, run_id, [
+        {"rank": r, "op": "all_reduce", "pg_name": "in_a", "pg_ranks": [0, 1], "seq": 1, "step": 1, "in_elems": 250_000,
+         "arrival": 20_000, "end": 25_000} for r in (0, 1)] + [
+        {"rank": r, "op": "all_reduce", "pg_name": "a_b", "pg_ranks": [0, 2], "seq": 1, "step": 1, "in_elems": 250_000,
+         "arrival": 20_000 + (AHEAD_NS if r == 2 else 0), "end": 30_000 + (AHEAD_NS if r == 2 else 0)} for r in (0, 2)])
+    monkeypatch.setattr(analysis, "ANALYZERS", list(CROSSRANK))
+    sql = """SELECT spans_hosts, busbw_bytes_per_s, link_peak_bytes_per_s, busbw_peak_frac FROM collperf_instances
+             ORDER BY spans_hosts"""
+    for nic, inter_peak in ((None, None), (50e9, 50e9)):
+        analysis.analyze_run(con, run_id, Options(nic_bytes_per_s=nic))
+        intra, inter = rows(con, sql)
+        # 1 MB all_reduce over 2 ranks in 5 us (10 us across hosts); A100 SXM NVLink: 300 GB/s each way
+        assert (intra["spans_hosts"], intra["link_peak_bytes_per_s"]) == (False, 300e9)
+        assert intra["busbw_peak_frac"] == pytest.approx(1e6 / 5e-6 / 300e9)
+        assert (inter["spans_hosts"], inter["link_peak_bytes_per_s"]) == (True, inter_peak)
+        assert inter["busbw_peak_frac"] == (None if nic is None else pytest.approx(1e6 / 10e-6 / 50e9))
+    groups = {r["spans_hosts"]: (r["link_peak_bytes_per_s"], r["busbw_peak_frac"]) for r in rows(
+        con, "SELECT spans_hosts, link_peak_bytes_per_s, busbw_peak_frac FROM collperf_groups")}
+    assert groups == {False: (300e9, pytest.approx(1e6 / 5e-6 / 300e9)), True: (50e9, pytest.approx(1e6 / 10e-6 / 50e9))}
+
+
+def test_a_synthetic_a100_run_gets_nvlink_within_hosts_and_no_guess_across(synthetic):
+    # two hosts of A100 SXM; no --nic-gbps: collectives crossing hosts keep an unknown peak
+    con, run_id, _ = synthetic
+    got = {(spans, peak) for spans, peak in con.execute(
+        "SELECT DISTINCT spans_hosts, link_peak_bytes_per_s FROM collperf_instances WHERE run_id = ?", [run_id]).fetchall()}
+    assert got == {(False, 300e9), (True, None)}
+    assert con.execute("""SELECT count(*) FROM collperf_instances WHERE run_id = ? AND NOT spans_hosts
+                          AND busbw_bytes_per_s IS NOT NULL AND busbw_peak_frac IS NULL""", [run_id]).fetchone()[0] == 0

@@ -63,6 +63,8 @@ def test_usage_errors_exit_2_with_one_line(synthetic_db, tmp_path):
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
     negative = bprof("analyze", "--db", synthetic_db, "--peak-tflops", "-1")
     assert negative.returncode == 2 and "--peak-tflops" in negative.stderr
+    no_nic = bprof("analyze", "--db", synthetic_db, "--nic-gbps", "0")
+    assert no_nic.returncode == 2 and "--nic-gbps" in no_nic.stderr
     no_store = bprof("analyze", "--db", tmp_path / "absent" / "x.duckdb")
     assert no_store.returncode in (2, 3) and no_store.stderr.startswith("bprof: error:")
     bad_limit = bprof("analyze", "--db", synthetic_db, "--memory-limit", "lots")
