@@ -13,11 +13,10 @@ collperf_waits (an interval on its own clock, what breakdown intersects); the la
 
 from __future__ import annotations
 
-import json
-
 import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
+from bprof.analyzers.peaks import rank_device_properties
 from bprof.kernels.devices import resolve_device
 
 NAME = "collperf"
@@ -37,9 +36,8 @@ def _link_peaks(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -
     rows = []
     for rank, device_index, props_json in con.execute(
             "SELECT rank, device_index, device_properties FROM ranks WHERE run_id = ?", [run_id]).fetchall():
-        props = json.loads(props_json) if props_json else []
-        mine = [p for p in props if p.get("id") == device_index] or props[:1]
-        device = resolve_device(mine[0]) if mine else None
+        mine = rank_device_properties(props_json, device_index)
+        device = resolve_device(mine) if mine else None
         rows.append((rank, device.link_bytes_per_s if device else None, options.nic_bytes_per_s))
     con.execute("CREATE OR REPLACE TEMP TABLE _collperf_links (rank INTEGER, intra_bytes_per_s DOUBLE, "
                 "inter_bytes_per_s DOUBLE)")

@@ -45,16 +45,23 @@ def rank_peaks(con: duckdb.DuckDBPyConnection, run_id: int, options: Options, dt
     return out
 
 
-def _gpu_peak(props_json: str | None, device_index: int | None, device_name: str | None, dtype: str,
-              fallback: str | None = None) -> RankPeak:
+def rank_device_properties(props_json: str | None, device_index: int | None) -> dict | None:
+    """The deviceProperties entry of a rank's own device (ranks.device_properties, ranks.device_index):
+    the entry with that id, else the first; None when the trace has none."""
     props = json.loads(props_json) if props_json else []
     mine = [p for p in props if p.get("id") == device_index] or props[:1]
+    return mine[0] if mine else None
+
+
+def _gpu_peak(props_json: str | None, device_index: int | None, device_name: str | None, dtype: str,
+              fallback: str | None = None) -> RankPeak:
+    mine = rank_device_properties(props_json, device_index)
     if not mine:
         return RankPeak(None, None, f"the trace has no deviceProperties for {device_name or 'its device'}; "
                                     "give the peak with --peak-tflops")
-    peaks = resolve_device(mine[0])
+    peaks = resolve_device(mine)
     if peaks is None:
-        return RankPeak(None, None, f"unknown device {mine[0].get('name')!r} (not in bprof's peak table); "
+        return RankPeak(None, None, f"unknown device {mine.get('name')!r} (not in bprof's peak table); "
                                     "give the peak with --peak-tflops")
     found = matmul_peak(peaks, dtype)
     if found is None and fallback:
