@@ -1,0 +1,15 @@
+"""The report's pages. A page is a module with PATH, TITLE, CONTROLS (which of run, step, ranks,
+base it uses), IN_HTML (whether the static export includes it) and `sections(con, view)`.
+Adding a page is a new module and one line in PAGES."""
+
+from __future__ import annotations
+
+from bprof.dashboards.pages import comm, compare, kernels, overview, ranks, runs, timeline
+
+PAGES = [runs, overview, ranks, comm, kernels, timeline, compare]
+
+
+def page_for(path: str | None):
+    """The page at a URL path ('/' is the runs page); None when there is none."""
+    path = (path or "/").rstrip("/") or "/"
+    return next((p for p in PAGES if p.PATH == path), None)
