@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, replay, runs
+from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, replay, report, runs
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -25,6 +25,7 @@ calibrate.register(app)
 reduce.register(app)
 ci.register(app)
 replay.register(app)
+report.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

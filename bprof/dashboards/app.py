@@ -1,0 +1,139 @@
+"""`bprof report --serve`: a Dash app over the store, read-only.
+
+Every callback opens its own read-only connection, reads what the analyzers wrote and renders the
+sections of one page (pages/); nothing is computed here and nothing is cached between requests, so
+a store analysed again shows its new tables on the next click. Trace-derived text (kernel and op
+names) goes into components as text, which React escapes; no query is built from user input.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+from dash import Dash, Input, Output, dcc, html
+
+from bprof.dashboards.pages import PAGES, page_for
+from bprof.dashboards.pages.defaults import with_defaults
+from bprof.dashboards.read import ranks, run_ids, steps
+from bprof.dashboards.sections import Chart, Numbers, Section, Table, Text, View
+from bprof.errors import BprofError
+from bprof.store.db import open_store
+
+CONTROLS = ("run", "step", "ranks", "base")
+# A table never ships more rows than this; the rest are counted under it.
+MAX_TABLE_ROWS = 200
+# A rank picker lists at most this many ranks (typing filters them).
+MAX_RANK_OPTIONS = 4096
+
+
+def css() -> str:
+    return resources.files("bprof.dashboards").joinpath("report.css").read_text()
+
+
+def create_app(db: Path, run_id: int | None = None) -> Dash:
+    """The report app over the store at `db`; `run_id` is the run shown first (default: the latest)."""
+    db = Path(db)
+    with _connect(db) as con:
+        runs = run_ids(con)
+    first = run_id if run_id is not None else (runs[0][0] if runs else None)
+    app = Dash(__name__, title="bprof report", compress=True, update_title=None, suppress_callback_exceptions=True,
+               assets_folder=str(Path(__file__).parent / "no-assets"))
+    app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + css() + "</style>")
+    run_options = [{"label": f"{rid} {name}", "value": rid} for rid, name in runs]
+    app.layout = html.Div([
+        dcc.Location(id="url"),
+        html.Header([html.Span("bprof", className="brand"),
+                     *[dcc.Link(p.TITLE, href=p.PATH, id=f"nav-{p.__name__.rsplit('.', 1)[-1]}") for p in PAGES]]),
+        html.Div(className="controls", children=[
+            _control("run", "run", dcc.Dropdown(id="run", options=run_options, value=first, clearable=False)),
+            _control("step", "step", dcc.Dropdown(id="step", clearable=False)),
+            _control("ranks", "ranks", dcc.Dropdown(id="ranks", multi=True)),
+            _control("base", "compare with", dcc.Dropdown(id="base")),
+        ]),
+        html.Main(dcc.Loading(html.Div(id="page"), delay_show=300)),
+    ])
+
+    @app.callback(Output("step", "options"), Output("step", "value"), Output("ranks", "options"),
+                  Output("ranks", "value"), Output("base", "options"), Output("base", "value"), Input("run", "value"))
+    def choose_run(run):
+        if run is None:
+            return [], None, [], [], [], None
+        with _connect(db) as con:
+            view = with_defaults(con, View(run))
+            rank_rows = ranks(con, run)[:MAX_RANK_OPTIONS]
+            step_list = steps(con, run)
+            others = [(rid, name) for rid, name in run_ids(con) if rid != run]
+        base = next((rid for rid, _ in others if rid < run), others[0][0] if others else None)
+        return ([{"label": str(s), "value": s} for s in step_list], view.step,
+                [{"label": f"{r} ({h})" if h else str(r), "value": r} for r, h in rank_rows], list(view.ranks),
+                [{"label": f"{rid} {name}", "value": rid} for rid, name in others], base)
+
+    @app.callback(*[Output(f"control-{c}", "style") for c in CONTROLS],
+                  *[Output(f"nav-{p.__name__.rsplit('.', 1)[-1]}", "className") for p in PAGES],
+                  Input("url", "pathname"))
+    def show_controls(path):
+        page = page_for(path)
+        used = page.CONTROLS if page else ()
+        return (*[{} if c in used else {"display": "none"} for c in CONTROLS],
+                *["active" if p is page else "" for p in PAGES])
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("run", "value"),
+                  Input("step", "value"), Input("ranks", "value"), Input("base", "value"))
+    def show_page(path, run, step, chosen_ranks, base):
+        page = page_for(path)
+        if page is None:
+            return html.P(f"no page at {path}", className="warning", id="not-found")
+        if run is None and page.CONTROLS:
+            return html.P("the store has no runs yet (run `bprof ingest PATH` first)", className="warning", id="no-runs")
+        try:
+            with _connect(db) as con:
+                view = with_defaults(con, View(run, step, tuple(chosen_ranks or ()), base))
+                return [html.H2(page.TITLE), *render(page.sections(con, view))]
+        except (BprofError, duckdb.Error) as exc:
+            return html.P(f"cannot show this page: {exc}", className="warning", id="page-error")
+        except Exception as exc:  # a bug: keep the server up, show it, and log the traceback
+            traceback.print_exc(file=sys.stderr)
+            return html.P(f"internal error drawing this page: {type(exc).__name__}: {exc}", className="warning",
+                          id="page-error")
+
+    return app
+
+
+def render(sections: list[Section]) -> list:
+    """Dash components for a page's sections; every text is a text child, never markup."""
+    out = []
+    for s in sections:
+        if isinstance(s, Numbers):
+            out.append(html.Div(id=s.key, className="numbers", children=[
+                html.Div(className="item", children=[html.Span(label, className="label"),
+                                                     html.Span(text, className="value", id=f"{s.key}-{key}")])
+                for key, label, text in s.items]))
+        elif isinstance(s, Table):
+            shown = s.rows[:MAX_TABLE_ROWS]
+            body = [html.Tr([html.Td(cell) for cell in row]) for row in shown]
+            out.append(html.Div(id=s.key, className="section", children=[
+                html.H3(s.title),
+                html.Table(className="data", children=[html.Thead(html.Tr([html.Th(c) for c in s.columns])),
+                                                       html.Tbody(body)]),
+                *([html.P(f"{len(s.rows) - len(shown):,} more rows not shown", className="note")]
+                  if len(s.rows) > len(shown) else []),
+                *([html.P(s.note, className="note")] if s.note else [])]))
+        elif isinstance(s, Chart):
+            out.append(html.Div(id=s.key, className="section", children=[
+                dcc.Graph(id=f"graph-{s.key}", figure=s.figure, config={"displaylogo": False}),
+                *([html.P(s.note, className="note")] if s.note else [])]))
+        elif isinstance(s, Text):
+            out.append(html.P(s.text, id=s.key, className=s.kind))
+    return out
+
+
+def _control(name: str, label: str, component) -> html.Div:
+    return html.Div(id=f"control-{name}", className="control", children=[html.Label(label), component])
+
+
+def _connect(db: Path) -> duckdb.DuckDBPyConnection:
+    return open_store(db, read_only=True)
