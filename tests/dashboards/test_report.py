@@ -1,0 +1,140 @@
+"""The report's pages, figures, HTML export and CLI, without a browser (tests/dashboards/
+test_report_browser.py drives a real one)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import duckdb
+import pytest
+
+from bprof.dashboards import format as fmt
+from bprof.dashboards.export_html import export_html
+from bprof.dashboards.figures.ranks import fig_rank_heatmap, fig_split
+from bprof.dashboards.figures.timeline import MAX_EVENTS_PER_RANK, fig_timeline
+from bprof.dashboards.pages import PAGES, overview, page_for
+from bprof.dashboards.pages.defaults import with_defaults
+from bprof.dashboards.sections import Chart, Numbers, Table, View
+from bprof.store.db import open_store
+from tests.dashboards.conftest import FLEET_RANKS, ROOT
+
+
+@pytest.fixture
+def con(report_store):
+    con = open_store(report_store["db"], read_only=True)
+    yield con
+    con.close()
+
+
+def test_every_page_draws_both_runs(con, report_store):
+    for run_id in (report_store["synthetic"], report_store["fleet"]):
+        view = with_defaults(con, View(run_id, base_run_id=report_store["synthetic"] if run_id == report_store["fleet"] else None))
+        for page in PAGES:
+            sections = page.sections(con, view)
+            assert sections, page.TITLE
+            keys = [s.key for s in sections]
+            assert len(keys) == len(set(keys)), page.TITLE
+            for s in sections:
+                if isinstance(s, Chart) and run_id == report_store["synthetic"]:
+                    assert s.figure.data, f"{page.TITLE}: {s.key} drew nothing for run {run_id}"
+                elif isinstance(s, Chart) and not s.figure.data:   # the fleet run has no kernels: say why
+                    assert s.figure.layout.annotations[0].text, f"{page.TITLE}: {s.key} is blank without a reason"
+
+
+def test_page_paths():
+    assert page_for("/") is PAGES[0] and page_for("/overview/") is overview and page_for("/nope") is None
+
+
+def test_overview_headline_is_the_metrics_and_the_top_finding(con, report_store):
+    run_id = report_store["synthetic"]
+    [numbers] = [s for s in overview.sections(con, View(run_id)) if isinstance(s, Numbers) and s.key == "headline"]
+    shown = {key: text for key, _, text in numbers.items}
+    step_ns, hfu = con.execute("""SELECT max(value) FILTER (WHERE name = 'step_time_ns'), max(value) FILTER (WHERE name = 'hfu_frac')
+                                  FROM metrics WHERE run_id = ?""", [run_id]).fetchone()
+    assert shown["step_time_ns"] == fmt.ms(step_ns) and shown["hfu_frac"] == fmt.pct(hfu)
+    assert shown["mfu_frac"] == "not measurable"   # the synthetic run declares no model FLOPs
+    title, lost = con.execute("""SELECT title, lost_ns FROM findings WHERE run_id = ?
+                                 ORDER BY lost_ns DESC NULLS LAST, severity, finding_id LIMIT 1""", [run_id]).fetchone()
+    assert shown["top-finding"] == f"{title} ({fmt.ms(lost)})"
+
+
+def test_large_runs_stay_small(con, report_store):
+    run_id = report_store["fleet"]
+    heat = fig_rank_heatmap(con, run_id, "span_ns")
+    assert len(heat.data[0].z) == FLEET_RANKS and len(set(heat.data[0].y)) == FLEET_RANKS
+    split = fig_split(con, run_id)
+    assert split.data[0].type == "heatmap" and len(split.data[0].z) == FLEET_RANKS
+    # one value per rank and step: a 1,024-rank figure is tens of kB, not MB
+    assert len(heat.to_json()) < 1_000_000
+
+
+def test_timeline_keeps_the_longest_events_per_rank(con, report_store):
+    run_id = report_store["synthetic"]
+    view = with_defaults(con, View(run_id))
+    fig = fig_timeline(con, run_id, view.step, [0, 1])
+    lanes = {y for t in fig.data if t.type == "bar" for y in t.y}
+    assert {lane.split()[0] for lane in lanes} == {"r0", "r1"}
+    assert any(lane.endswith("collectives") for lane in lanes)
+    bars = sum(len(t.x) for t in fig.data if t.type == "bar" and t.name != "collective")
+    assert 0 < bars <= 2 * MAX_EVENTS_PER_RANK
+    # the matched collectives of the two ranks are joined by lines
+    [links] = [t for t in fig.data if t.name == "same collective"]
+    assert sum(x is None for x in links.x) > 0
+
+
+def test_html_export_escapes_trace_text(con, report_store, tmp_path):
+    written = export_html(con, report_store["synthetic"], tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text()
+    assert written["pages"] == ["Overview", "Ranks", "Communication", "Kernels"] and written["charts"] >= 8
+    assert "window.__bprof_pwned" in text                      # the kernel is listed ...
+    assert "<script>window.__bprof_pwned" not in text          # ... never as markup
+    assert "&lt;script&gt;window.__bprof_pwned" in text
+    assert "<script src=" not in text and '<link rel="stylesheet" href' not in text   # nothing fetched: works offline
+
+
+def test_unanalysed_run_says_so(tmp_path):
+    db = tmp_path / "s.duckdb"
+    subprocess.run([sys.executable, "-m", "bprof.synth", str(tmp_path / "t"), "--dp", "2"], check=True,
+                   capture_output=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "bprof.cli.main", "ingest", str(tmp_path / "t"), "--db", str(db)],
+                   check=True, capture_output=True, cwd=ROOT)
+    con = open_store(db, read_only=True)
+    texts = [s for s in overview.sections(con, View(1)) if s.key == "not-analysed"]
+    assert texts and "bprof analyze 1" in texts[0].text
+    for page in PAGES:   # no page fails on a run without analysis tables
+        page.sections(con, with_defaults(con, View(1)))
+    con.close()
+
+
+def _bprof(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "bprof.cli.main", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_usage_errors(report_store, tmp_path):
+    db = str(report_store["db"])
+    for args, said in ((["report", "--db", db], "--serve, or --html FILE"),
+                       (["report", "--db", db, "--serve", "--html", str(tmp_path / "x.html")], "--serve, or --html FILE"),
+                       (["report", "nosuchrun", "--db", db, "--html", str(tmp_path / "x.html")], "no run 'nosuchrun'"),
+                       (["report", "--db", db, "--html", str(tmp_path / "no" / "x.html")], "no such directory"),
+                       (["report", "--db", str(tmp_path / "missing.duckdb"), "--serve"], "no bprof store here"),
+                       (["report", "--db", db, "--serve", "--port", "70000"], "--port")):
+        done = _bprof(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_cli_html_leaves_the_store_as_it_was(report_store, tmp_path):
+    before = hashlib.sha256(report_store["db"].read_bytes()).hexdigest()
+    done = _bprof("report", "synthetic-8", "--db", str(report_store["db"]), "--html", str(tmp_path / "r.html"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["bytes"] == (tmp_path / "r.html").stat().st_size
+    assert hashlib.sha256(report_store["db"].read_bytes()).hexdigest() == before
+
+
+def test_report_does_not_import_torch():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import bprof.dashboards.app, bprof.dashboards.export_html, bprof.cli.report\n")
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
