@@ -21,6 +21,7 @@ from typing import Callable
 import duckdb
 
 from bprof.errors import DataError, UsageError
+from bprof.store.chrome_export import CALL_FIELDS, CALLS_META_KEY, is_export, unpack_export
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.kineto_file import SplitTrace, split_trace
 from bprof.store.limits import set_memory_limit
@@ -107,8 +108,8 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
             ThreadPoolExecutor(max(1, options.workers)) as pool:
         batches = [run.files[i:i + options.batch_files] for i in range(0, len(run.files), options.batch_files)]
         pending = _submit_batch(pool, batches[0], Path(tmp), 0) if batches else []
-        for b, _ in enumerate(batches):
-            splits = [f.result() for f in pending]
+        for b, files in enumerate(batches):
+            splits = [s for f in pending for s in f.result()]
             # start inflating the next batch while DuckDB scans this one
             pending = _submit_batch(pool, batches[b + 1], Path(tmp), b + 1) if b + 1 < len(batches) else []
             batch = []
@@ -124,13 +125,14 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
                 for part in split.array_paths:
                     part.unlink(missing_ok=True)
                 result.uncompressed_bytes += split.uncompressed_bytes
-            done += len(batch)
+            done += len(files)
             if progress:
                 progress(done, len(run.files))
     _run_sql(con, "ingest_collectives.sql", run_id)
     recorded = _load_recorded_meta(con, run_id, seen_ranks)
     _run_sql(con, "ingest_flight_recorder.sql", run_id)
     con.execute("DROP TABLE _flight_recorder; DROP TABLE _pg_members; DROP TABLE _fr_files")
+    _load_export_calls(con, run_id, metas)
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)
@@ -179,7 +181,31 @@ def _insert_run(con, run: RunFiles, name: str, fingerprint: str) -> int:
 
 
 def _submit_batch(pool: ThreadPoolExecutor, files, tmp: Path, batch_index: int):
-    return [pool.submit(split_trace, f, tmp / f"b{batch_index}-{i}.json") for i, f in enumerate(files)]
+    return [pool.submit(_split, f, tmp / f"b{batch_index}-{i}.json") for i, f in enumerate(files)]
+
+
+def _split(path: Path, array_path: Path) -> list[SplitTrace]:
+    """A trace file's events array(s) and metadata: one per rank (a `bprof export --perfetto` file
+    holds several)."""
+    split = split_trace(path, array_path)
+    return unpack_export(split, array_path) if is_export(split.metadata) else [split]
+
+
+def _load_export_calls(con, run_id: int, metas: dict[int, dict]) -> None:
+    """Ranks from a `bprof export --perfetto` file: give their collective calls the process group,
+    sequence number and peer the exported run had (chrome_export.CALL_KEY)."""
+    rows = [row for meta in metas.values() for row in meta.pop(CALLS_META_KEY, ())]
+    if not rows:
+        return
+    con.execute("""CREATE OR REPLACE TEMP TABLE _export_calls (rank INTEGER, tid VARCHAR, cpu_ts_ns BIGINT,
+                   op VARCHAR, pg_name VARCHAR, pg_desc VARCHAR, pg_ranks INTEGER[], group_size INTEGER, seq BIGINT,
+                   peer_rank INTEGER, dtype VARCHAR, in_elems BIGINT, out_elems BIGINT, in_bytes BIGINT,
+                   out_bytes BIGINT)""")
+    columns = [list(c) for c in zip(*rows)]  # one parameter per column: executemany is slow per row
+    con.execute("INSERT INTO _export_calls SELECT " + ", ".join(f"unnest(${i + 1})" for i in range(len(columns))),
+                columns)
+    _run_sql(con, "ingest_export_calls.sql", run_id)
+    con.execute("DROP TABLE _export_calls")
 
 
 def _load_batch(con, run_id: int, batch: list[tuple[int, SplitTrace]], hashes: dict[Path, str]) -> None:
