@@ -93,7 +93,7 @@ def export_perfetto(con: duckdb.DuckDBPyConnection, run_id: int, path: Path, ste
     base_ns = con.execute(_WINDOW + " SELECT min(ts_ns + offset_ns) FROM chosen", params).fetchone()[0]
     if base_ns is None:
         raise UsageError(f"step {step} of ranks {rank_ranges(ranks)} has no events to export")
-    rank_rows = _rank_rows(con, run_id, ranks)
+    rank_rows = _rank_rows(con, run_id, ranks, step)
     thread_names = _thread_names(con, run_id, ranks)
     writer = _Writer(path)
     threads: dict[tuple, int] = {}  # (rank, raw pid, raw tid) -> export tid
@@ -205,12 +205,11 @@ def _choose_step(con, run_id: int, ranks: list[int], step: int | None) -> int:
     return row[0]
 
 
-def _rank_rows(con, run_id: int, ranks: list[int]) -> dict[int, dict]:
+def _rank_rows(con, run_id: int, ranks: list[int], step: int) -> dict[int, dict]:
     cur = con.execute("""SELECT k.rank, k.host, k.local_rank, k.device_name, k.clock_offset_ns, k.clock_residual_ns,
                                 CAST(k.distributed_info AS VARCHAR), CAST(k.device_properties AS VARCHAR), s.main_tid
-                         FROM ranks k LEFT JOIN timeline_spans s ON s.run_id = k.run_id AND s.rank = k.rank
-                              AND s.step = (SELECT min(step) FROM timeline_spans t WHERE t.run_id = k.run_id AND t.rank = k.rank)
-                         WHERE k.run_id = ? AND list_contains(?, k.rank) ORDER BY k.rank""", [run_id, ranks])
+                         FROM ranks k LEFT JOIN timeline_spans s ON s.run_id = k.run_id AND s.rank = k.rank AND s.step = ?
+                         WHERE k.run_id = ? AND list_contains(?, k.rank) ORDER BY k.rank""", [step, run_id, ranks])
     out = {}
     for rank, host, local_rank, device, offset, residual, dist, props, main_tid in cur.fetchall():
         out[rank] = {"rank": rank, "host": host, "local_rank": local_rank, "device_name": device,
