@@ -305,3 +305,10 @@ def test_a_malformed_export_is_bad_data_and_leaves_the_store_as_it_was(recorded,
         done = cli("ingest", target, "--db", db)
         assert done.returncode == 3 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     assert duckdb.connect(str(db), read_only=True).execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
+def test_the_exporter_needs_neither_torch_nor_dash():
+    code = ("import sys, bprof.dashboards.perfetto, bprof.cli.export; "
+            "print(sorted(m for m in ('torch', 'dash', 'plotly') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
