@@ -104,10 +104,14 @@ def wait_idle(driver, timeout_s: float = 60) -> None:
 
 
 def figure_data(driver, key: str) -> list[dict]:
-    """The plotly traces a chart section drew (its data as the browser holds it)."""
+    """The plotly traces a chart section drew: type, name, x, y, z as the browser holds them."""
+    # _fullData holds the decoded arrays (plotly ships numpy arrays base64-encoded); typed arrays
+    # become plain lists
     return json.loads(driver.execute_script(
         "const g = document.querySelector(arguments[0] + ' .js-plotly-plot');"
-        "return g ? JSON.stringify(g.data) : 'null';", f"#{key}")) or []
+        "if (!g || !g._fullData) return 'null';"
+        "const keep = g._fullData.map(t => ({type: t.type, name: t.name, x: t.x, y: t.y, z: t.z}));"
+        "return JSON.stringify(keep, (k, v) => ArrayBuffer.isView(v) ? Array.from(v) : v);", f"#{key}")) or []
 
 
 def console_errors(driver) -> list[str]:
@@ -122,12 +126,27 @@ def transferred_bytes(driver) -> int:
 
 
 def choose(driver, control_id: str, label: str) -> None:
-    """Pick `label` in a dcc.Dropdown as a user does: open it, type, press Enter."""
+    """Pick the option labelled `label` in a dcc.Dropdown as a user does: open it, search, click it,
+    close it (Dash 4's dropdown: a button that opens a popover with a search box and options)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    box = driver.find_element(By.CSS_SELECTOR, f"#{control_id} input")
-    box.click()
-    box.send_keys(label)
-    time.sleep(0.3)
-    box.send_keys(Keys.ENTER)
+    driver.find_element(By.ID, control_id).click()
+    search = wait_for(driver, ".dash-dropdown-content input.dash-dropdown-search", timeout_s=10)
+    search.send_keys(label)
+    deadline = time.monotonic() + 10
+    while True:
+        options = [o for o in driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-content [role=option]")
+                   if o.text.strip() == label]
+        if options or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert options, f"no option {label!r} in #{control_id}"
+    options[0].click()
+    if driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-content"):
+        search.send_keys(Keys.ESCAPE)
+
+
+def clear(driver, control_id: str) -> None:
+    """Empty a clearable dcc.Dropdown with its clear button."""
+    driver.find_element("css selector", f"#control-{control_id} .dash-dropdown-clear").click()

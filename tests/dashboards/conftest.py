@@ -2,8 +2,8 @@
 - `report_store`: a synthetic 8-GPU NCCL run (tp2 pp2 dp2, two hosts, one slow rank) whose GEMM
   kernel is renamed to carry markup (`<script>...`), and a 1,024-rank fleet run (bprof.synth.fleet),
   both ingested and analysed;
-- `recorded_store`: a real 4-rank `bprof record` of examples/train_gpt.py (gloo), analysed by
-  `bprof analyze --json`, whose output comes with it."""
+- `recorded_store`: a real 4-rank `bprof record` of examples/train_gpt.py (gloo), calibrated and
+  analysed by `bprof analyze --json`, whose output comes with it."""
 
 from __future__ import annotations
 
@@ -70,5 +70,7 @@ def report_store(tmp_path_factory) -> dict:
 def recorded_store(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("recorded")
     db = record_train_gpt(out, "report-4", [], nproc=4)
+    # this machine's measured fp32 peak: the MFU denominator of a CPU run, as `make demo` does
+    bprof("calibrate", "--db", str(db), "--dtype", "fp32", "--repeats", "3")
     analysed = json.loads(bprof("analyze", "--db", str(db), "--json").stdout)
     return {"db": db, "analyze": analysed, "run_id": analysed["run"]["run_id"]}
