@@ -22,10 +22,12 @@ bprof info demo-tp2-dp2 --db "$db"
 echo "== bprof calibrate (this machine's measured fp32 peak: the MFU denominator of CPU runs) and bprof analyze"
 bprof calibrate --db "$db" --dtype fp32 --repeats 3
 bprof analyze demo-tp2-dp2 --db "$db"
+echo "== bprof report --html: the web report of the recorded run as one offline file (bprof report --serve serves it)"
+bprof report demo-tp2-dp2 --db "$db" --html "$out/report.html"
 
 echo "== a synthetic 8-GPU NCCL run (tp=2 pp=2 dp=2, rank 3 slowed) with its planted truth"
 python -m bprof.synth "$out/synthetic" --tp 2 --pp 2 --dp 2 --hosts 2 --slow-rank 3
 bprof ingest "$out/synthetic" --db "$db" --name synthetic-tp2-pp2-dp2
 bprof analyze synthetic-tp2-pp2-dp2 --db "$db" --top 5
 bprof runs --db "$db"
-echo "== done: store at $db; run directory $out/record"
+echo "== done: store at $db; run directory $out/record; report $out/report.html"
