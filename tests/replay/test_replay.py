@@ -118,6 +118,27 @@ def test_cli_json_table_findings_and_collectives(planted, tmp_path):
         con.close()
 
 
+def test_report_shows_replays_next_to_the_finding_they_verify(planted):
+    """The overview's replay table: the latest replay of each item and variant, by finding."""
+    from bprof.dashboards.pages import overview
+    from bprof.dashboards.sections import View
+
+    assert bprof("replay", "--db", planted, "--top", "1", "--repeats", "3", "--json").returncode == 0
+    con = open_store(planted, read_only=True)
+    try:
+        [table] = [s for s in overview.sections(con, View(1)) if s.key == "replays"]
+        latest = con.execute("""SELECT count(DISTINCT (item_key, variant)) FROM replays WHERE run_id = 1""").fetchone()[0]
+        linked = {t for (t,) in con.execute("SELECT finding_title FROM replays WHERE finding_title IS NOT NULL").fetchall()}
+    finally:
+        con.close()
+    assert len(table.rows) == latest
+    col = table.columns.index
+    assert linked and linked <= {r[col("finding")] for r in table.rows}
+    variants = [r for r in table.rows if r[col("variant")] not in ("baseline", "as traced")]
+    assert variants and all(r[col("verdict")] in ("faster", "no better than noise", "slower") for r in variants
+                            if r[col("replayed")].endswith("ms"))
+
+
 def test_bad_input_is_one_line_with_exit_2(planted, tmp_path):
     for args, message in ((["nope"], "no run 'nope'"), (["--op", "aten::nonexistent"], "op 'aten::nonexistent' not found"),
                           (["--variant", "fp8"], "unknown variant 'fp8'"), (["--device", "tpu"], "unknown device 'tpu'")):
