@@ -138,3 +138,19 @@ def test_report_does_not_import_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
             "import bprof.dashboards.app, bprof.dashboards.export_html, bprof.cli.report\n")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_runs_page_draws_the_ci_series_as_stored(tmp_path):
+    """The values the gate compares, from summaries of real recordings (tests/ci/data)."""
+    from bprof.ci.history import save
+    from bprof.dashboards.pages import runs
+    from tests.ci.samples import load
+
+    con = open_store(tmp_path / "h.duckdb")
+    summaries = list(load("ci_gate_run1").values())[:6]
+    for s in summaries:
+        save(con, s, "main", "bprof.duckdb")
+    [chart] = [s for s in runs.sections(con, View(None)) if s.key == "runs-ci"]
+    con.close()
+    [steps] = [t for t in chart.figure.data if t.yaxis == "y"]
+    assert list(steps.y) == pytest.approx([s.metrics["step_time_ns"].value / 1e6 for s in summaries])

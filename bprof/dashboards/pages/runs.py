@@ -5,7 +5,7 @@ from __future__ import annotations
 import duckdb
 
 from bprof.dashboards import format as fmt
-from bprof.dashboards.figures.runs import fig_history
+from bprof.dashboards.figures.runs import fig_ci_series, fig_history
 from bprof.dashboards.read import rows
 from bprof.dashboards.sections import Chart, Section, Table, View
 
@@ -29,7 +29,10 @@ def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
                   [[str(r["run_id"]), r["name"], fmt.text(r["started"]), _short(r["command"]),
                     f"{r['num_ranks_ingested']}/{r['world_size'] or '?'}", fmt.text(r["device_name"]),
                     fmt.ms(r["step_time_ns"]) or "not analysed", fmt.pct(r["mfu_frac"])] for r in runs])
-    return [table, Chart("runs-history", "History", fig_history(con))]
+    out: list[Section] = [table, Chart("runs-history", "History", fig_history(con))]
+    if con.execute("SELECT count(*) FROM ci_runs").fetchone()[0]:
+        out.append(Chart("runs-ci", "CI series", fig_ci_series(con)))
+    return out
 
 
 def _short(command) -> str:
