@@ -14,11 +14,11 @@ from importlib import resources
 from pathlib import Path
 
 import duckdb
-from dash import Dash, Input, Output, dcc, html
+from dash import Dash, Input, Output, State, dcc, html
 
 from bprof.dashboards.pages import PAGES, page_for
 from bprof.dashboards.pages.defaults import with_defaults
-from bprof.dashboards.read import ranks, run_ids, steps
+from bprof.dashboards.read import rank_choices, run_ids, steps
 from bprof.dashboards.sections import Chart, Numbers, Section, Table, Text, View
 from bprof.errors import BprofError
 from bprof.store.db import open_store
@@ -26,8 +26,9 @@ from bprof.store.db import open_store
 CONTROLS = ("run", "step", "ranks", "base")
 # A table never ships more rows than this; the rest are counted under it.
 MAX_TABLE_ROWS = 200
-# A rank picker lists at most this many ranks (typing filters them).
-MAX_RANK_OPTIONS = 4096
+# The rank picker lists the chosen ranks and at most this many others: the first ranks, or those
+# whose number or host matches what the reader types (any rank of a 10,000-rank run is reachable).
+MAX_RANK_OPTIONS = 200
 
 
 def css() -> str:
@@ -40,8 +41,7 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
     with _connect(db) as con:
         runs = run_ids(con)
     first = run_id if run_id is not None else (runs[0][0] if runs else None)
-    app = Dash(__name__, title="bprof report", compress=True, update_title=None, suppress_callback_exceptions=True,
-               assets_folder=str(Path(__file__).parent / "no-assets"))
+    app = Dash(__name__, title="bprof report", compress=True, update_title=None, suppress_callback_exceptions=True)
     app.index_string = app.index_string.replace("{%css%}", "{%css%}<style>" + css() + "</style>")
     run_options = [{"label": f"{rid} {name}", "value": rid} for rid, name in runs]
     app.layout = html.Div([
@@ -57,6 +57,10 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
         html.Main(dcc.Loading(html.Div(id="page"), delay_show=300)),
     ])
 
+    def rank_labels(con, run, chosen, typed) -> list[dict]:
+        return [{"label": f"{r} ({h})" if h else str(r), "value": r}
+                for r, h in rank_choices(con, run, list(chosen or []), typed or "", MAX_RANK_OPTIONS)]
+
     @app.callback(Output("step", "options"), Output("step", "value"), Output("ranks", "options"),
                   Output("ranks", "value"), Output("base", "options"), Output("base", "value"), Input("run", "value"))
     def choose_run(run):
@@ -64,13 +68,21 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
             return [], None, [], [], [], None
         with _connect(db) as con:
             view = with_defaults(con, View(run))
-            rank_rows = ranks(con, run)[:MAX_RANK_OPTIONS]
             step_list = steps(con, run)
             others = [(rid, name) for rid, name in run_ids(con) if rid != run]
+            # the default ranks go out with their options: a value missing from the options is dropped
+            rank_options = rank_labels(con, run, view.ranks, "")
         base = next((rid for rid, _ in others if rid < run), others[0][0] if others else None)
-        return ([{"label": str(s), "value": s} for s in step_list], view.step,
-                [{"label": f"{r} ({h})" if h else str(r), "value": r} for r, h in rank_rows], list(view.ranks),
+        return ([{"label": str(s), "value": s} for s in step_list], view.step, rank_options, list(view.ranks),
                 [{"label": f"{rid} {name}", "value": rid} for rid, name in others], base)
+
+    @app.callback(Output("ranks", "options", allow_duplicate=True), Input("ranks", "search_value"),
+                  State("run", "value"), State("ranks", "value"), prevent_initial_call=True)
+    def search_ranks(typed, run, chosen):
+        if run is None:
+            return []
+        with _connect(db) as con:
+            return rank_labels(con, run, chosen, typed)
 
     @app.callback(*[Output(f"control-{c}", "style") for c in CONTROLS],
                   *[Output(f"nav-{p.__name__.rsplit('.', 1)[-1]}", "className") for p in PAGES],

@@ -6,6 +6,8 @@ ingested but not analysed lacks them; `has_table` lets a page say so instead of 
 
 from __future__ import annotations
 
+import re
+
 import duckdb
 import pandas as pd
 
@@ -52,9 +54,21 @@ def steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
         ORDER BY step""", [run_id, run_id]).fetchall()]
 
 
-def ranks(con: duckdb.DuckDBPyConnection, run_id: int) -> list[tuple[int, str | None]]:
-    """(rank, host) of every ingested rank, by rank."""
-    return con.execute("SELECT rank, host FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()
+def rank_choices(con: duckdb.DuckDBPyConnection, run_id: int, chosen: list[int], typed: str,
+                 limit: int) -> list[tuple[int, str | None]]:
+    """(rank, host) for a rank picker: the chosen ranks, then up to `limit` others matching what the
+    reader typed: a rank number's first digits and/or part of a host name, as the picker labels them
+    ("12", "node3", "12 (node3)"); all ranks in order when nothing is typed."""
+    m = re.fullmatch(r"\s*(\d*)\s*\(?\s*([^()]*?)\s*\)?\s*", typed)
+    digits, host = m.groups() if m else ("", typed.strip())
+    return con.execute("""
+        SELECT rank, host FROM ranks WHERE run_id = $run_id AND list_contains($chosen, rank)
+        UNION ALL
+        (SELECT rank, host FROM ranks
+         WHERE run_id = $run_id AND NOT list_contains($chosen, rank)
+           AND starts_with(CAST(rank AS VARCHAR), $digits) AND contains(coalesce(host, ''), $host)
+         ORDER BY rank LIMIT $limit)""", {"run_id": run_id, "chosen": chosen, "digits": digits, "host": host,
+                                           "limit": limit}).fetchall()
 
 
 def findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[dict]:

@@ -56,6 +56,10 @@ def test_ranks_heatmaps_of_a_1024_rank_run_have_a_row_per_rank(driver, report_st
             [trace] = [t for t in figure_data(driver, key) if t["type"] == "heatmap"]
             assert len(trace["z"]) == FLEET_RANKS and len(set(trace["y"])) == FLEET_RANKS, key
             assert len(trace["z"][0]) == 3   # steps
+        # any rank is reachable by typing, though the picker lists 200 at a time
+        clear(driver, "ranks")
+        choose(driver, "ranks", "1000 (node125)")
+        wait_for(driver, "#rank-steps h3", text="Steps of rank 1000")
     assert console_errors(driver) == []
 
 
