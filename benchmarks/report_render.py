@@ -103,13 +103,15 @@ def main() -> None:
             print(f"  {label:32s} {statistics.median(t):6.2f} s [{min(t):.2f}..{max(t):.2f}]  {sent[run_id] / 1e6:.2f} MB sent")
         print(f"  ratio large / baseline: {statistics.median(times[large]) / statistics.median(times[small]):.2f}")
 
-        print(f"\nevery page of the {args.ranks:,}-rank run, cold (seconds to drawn, MB sent)")
+        print(f"\nevery page of the {args.ranks:,}-rank run, cold (seconds to drawn, MB sent, charts drawn)")
         for run_id in (large, small):
             with serving(db, str(run_id)) as url:
                 for page in PAGES:
                     d = fresh_driver()
                     try:
                         seconds, n = load(d, url + page.PATH, "main h2")
+                        charts = len(d.find_elements("css selector", "main .js-plotly-plot"))
+                        problems = [e.text for e in d.find_elements("css selector", "main .warning")]
                         if args.screenshots:
                             args.screenshots.mkdir(parents=True, exist_ok=True)
                             name = "fleet" if run_id == large else "synthetic"
@@ -119,7 +121,8 @@ def main() -> None:
                     finally:
                         d.quit()
                     if run_id == large:
-                        print(f"  {page.PATH:10s} {seconds:6.2f} s  {n / 1e6:.2f} MB")
+                        print(f"  {page.PATH:10s} {seconds:6.2f} s  {n / 1e6:.2f} MB  {charts} charts"
+                              + (f"  warning: {'; '.join(problems)}" if problems else ""))
 
 
 if __name__ == "__main__":

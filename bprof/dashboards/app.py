@@ -14,12 +14,12 @@ from importlib import resources
 from pathlib import Path
 
 import duckdb
-from dash import Dash, Input, Output, State, dcc, html
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 
 from bprof.dashboards.pages import PAGES, page_for
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import rank_choices, run_ids, steps
-from bprof.dashboards.sections import Chart, Numbers, Section, Table, Text, View
+from bprof.dashboards.sections import Chart, Link, Numbers, Section, Table, Text, View, view_from_query
 from bprof.errors import BprofError
 from bprof.store.db import open_store
 
@@ -61,19 +61,33 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
         return [{"label": f"{r} ({h})" if h else str(r), "value": r}
                 for r, h in rank_choices(con, run, list(chosen or []), typed or "", MAX_RANK_OPTIONS)]
 
+    @app.callback(Output("run", "value"), Input("url", "search"))
+    def run_from_url(search):
+        """A link with ?run=N (a finding's evidence, a shared URL) chooses that run."""
+        return view_from_query(search).get("run", no_update)
+
     @app.callback(Output("step", "options"), Output("step", "value"), Output("ranks", "options"),
-                  Output("ranks", "value"), Output("base", "options"), Output("base", "value"), Input("run", "value"))
-    def choose_run(run):
+                  Output("ranks", "value"), Output("base", "options"), Output("base", "value"),
+                  Input("run", "value"), Input("url", "search"), State("step", "options"))
+    def choose_run(run, search, filled):
+        """The controls of a run: its steps and ranks, with the step and ranks a link's query names
+        (?step=5&ranks=3,7) or else the defaults; a new run chosen by hand starts from the defaults."""
+        query = view_from_query(search)
+        if ctx.triggered_id == "url" and filled and (not query or query.get("run", run) != run):
+            return (no_update,) * 6   # plain navigation keeps the choices; another run: run_from_url sets it first
+        if query.get("run", run) != run:
+            query = {}
         if run is None:
             return [], None, [], [], [], None
         with _connect(db) as con:
-            view = with_defaults(con, View(run))
+            view = with_defaults(con, View(run, query.get("step"), tuple(query.get("ranks", ()))))
             step_list = steps(con, run)
             others = [(rid, name) for rid, name in run_ids(con) if rid != run]
-            # the default ranks go out with their options: a value missing from the options is dropped
+            # the ranks go out with their options: a value missing from the options is dropped
             rank_options = rank_labels(con, run, view.ranks, "")
+        chosen = [r for r in view.ranks if r in {o["value"] for o in rank_options}]
         base = next((rid for rid, _ in others if rid < run), others[0][0] if others else None)
-        return ([{"label": str(s), "value": s} for s in step_list], view.step, rank_options, list(view.ranks),
+        return ([{"label": str(s), "value": s} for s in step_list], view.step, rank_options, chosen,
                 [{"label": f"{rid} {name}", "value": rid} for rid, name in others], base)
 
     @app.callback(Output("ranks", "options", allow_duplicate=True), Input("ranks", "search_value"),
@@ -126,7 +140,8 @@ def render(sections: list[Section]) -> list:
                 for key, label, text in s.items]))
         elif isinstance(s, Table):
             shown = s.rows[:MAX_TABLE_ROWS]
-            body = [html.Tr([html.Td(cell) for cell in row]) for row in shown]
+            body = [html.Tr([html.Td(dcc.Link(cell.text, href=cell.href()) if isinstance(cell, Link) else cell)
+                             for cell in row]) for row in shown]
             out.append(html.Div(id=s.key, className="section", children=[
                 html.H3(s.title),
                 html.Table(className="data", children=[html.Thead(html.Tr([html.Th(c) for c in s.columns])),

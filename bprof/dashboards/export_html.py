@@ -15,7 +15,7 @@ from bprof.dashboards.app import MAX_TABLE_ROWS, css
 from bprof.dashboards.pages import PAGES
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import run_info
-from bprof.dashboards.sections import Chart, Numbers, Section, Table, Text, View
+from bprof.dashboards.sections import Chart, Link, Numbers, Section, Table, Text, View
 
 
 def export_html(con: duckdb.DuckDBPyConnection, run_id: int, path: Path) -> dict:
@@ -49,7 +49,7 @@ def _section(s: Section) -> str:
     if isinstance(s, Table):
         shown = s.rows[:MAX_TABLE_ROWS]
         head = "".join(f"<th>{_e(c)}</th>" for c in s.columns)
-        rows = "".join("<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in shown)
+        rows = "".join("<tr>" + "".join(f"<td>{_e(_text(cell))}</td>" for cell in row) + "</tr>" for row in shown)
         more = (f'<p class="note">{len(s.rows) - len(shown):,} more rows not shown</p>' if len(s.rows) > len(shown) else "")
         note = f'<p class="note">{_e(s.note)}</p>' if s.note else ""
         return (f'<div class="section" id="{_e(s.key)}"><h3>{_e(s.title)}</h3><table class="data"><thead><tr>{head}'
@@ -63,6 +63,11 @@ def _section(s: Section) -> str:
     if isinstance(s, Text):
         return f'<p class="{_e(s.kind)}" id="{_e(s.key)}">{_e(s.text)}</p>'
     raise TypeError(f"not a report section: {s!r}")
+
+
+def _text(cell: str | Link) -> str:
+    """A link leads to a page of the served report; the file shows no link (its target is not here)."""
+    return "" if isinstance(cell, Link) else cell
 
 
 def _e(text) -> str:

@@ -1,6 +1,6 @@
 """What a report page is made of, independent of how it is shown.
 
-A page returns a list of sections; the Dash app (app.py) and the static HTML export (html.py)
+A page returns a list of sections; the Dash app (app.py) and the static HTML export (export_html.py)
 each render the same list, so both outputs show the same numbers. Every section has a `key`: the
 element id both outputs give it (the browser tests find content by it).
 """
@@ -8,6 +8,7 @@ element id both outputs give it (the browser tests find content by it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs, urlencode
 
 import plotly.graph_objects as go
 
@@ -20,12 +21,24 @@ class Numbers:
 
 
 @dataclass(frozen=True)
+class Link:
+    """A table cell that leads to another page of the report with the controls set (query: run,
+    step, ranks). The static export has no such pages: it shows the text."""
+    text: str
+    path: str
+    query: dict[str, str]
+
+    def href(self) -> str:
+        return self.path + "?" + urlencode(self.query)
+
+
+@dataclass(frozen=True)
 class Table:
-    """A small table of text cells (already formatted; shown as text, never as markup)."""
+    """A small table of text cells (already formatted; shown as text, never as markup) or links."""
     key: str
     title: str
     columns: list[str]
-    rows: list[list[str]]
+    rows: list[list[str | Link]]
     note: str | None = None
 
 
@@ -54,3 +67,18 @@ class View:
     step: int | None = None
     ranks: tuple[int, ...] = field(default_factory=tuple)
     base_run_id: int | None = None
+
+
+def view_from_query(search: str | None) -> dict[str, object]:
+    """The controls a report URL's query sets (?run=2&step=5&ranks=3,7): run and step as ints, ranks
+    as a list of ints; what does not parse is left out."""
+    q = parse_qs((search or "").lstrip("?"))
+    out: dict[str, object] = {}
+    for name in ("run", "step"):
+        if q.get(name) and q[name][0].lstrip("-").isdigit():
+            out[name] = int(q[name][0])
+    if q.get("ranks"):
+        ranks = [int(r) for r in q["ranks"][0].split(",") if r.strip().isdigit()]
+        if ranks:
+            out["ranks"] = ranks
+    return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 
@@ -145,4 +146,30 @@ def test_html_export_opens_offline_with_the_same_headline(driver, recorded_store
     assert [u for u in fetched if not u.startswith("file:")] == []   # nothing from the network
     drawn = driver.execute_script("return document.querySelectorAll('.js-plotly-plot').length")
     assert drawn == len(driver.find_elements("css selector", "[id^='graph-']")) >= 8
+    assert console_errors(driver) == []
+
+
+def test_a_findings_evidence_link_opens_its_ranks_and_step_in_the_timeline(driver, report_store):
+    from bprof.dashboards.read import findings
+    from bprof.store.db import open_store
+
+    con = open_store(report_store["db"], read_only=True)
+    try:
+        ranked = findings(con, report_store["synthetic"])
+    finally:
+        con.close()
+    evidence = [json.loads(f["evidence"] or "{}") for f in ranked]
+    first = next(i for i, e in enumerate(evidence) if e.get("ranks") and e.get("steps"))
+    ranks, step = sorted(evidence[first]["ranks"])[:16], evidence[first]["steps"][0]
+    with serving(report_store["db"], str(report_store["fleet"])) as url:   # the server starts on the other run
+        open_page(driver, url + f"/overview?run={report_store['synthetic']}")
+        wait_for(driver, "#run-facts-run", text="synthetic-8")
+        rows = driver.find_elements("css selector", "#findings tbody tr")
+        rows[first].find_element("link text", "timeline").click()
+        expected = f"Step {step} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+        wait_for(driver, "#timeline .gtitle", text=expected)
+        assert "/timeline?" in driver.current_url
+        # plain navigation keeps what the link chose
+        driver.find_element("id", "nav-ranks").click()
+        wait_for(driver, "#rank-steps h3", text=f"Steps of rank {ranks[0]}")
     assert console_errors(driver) == []

@@ -10,7 +10,8 @@ import duckdb
 from bprof.dashboards import format as fmt
 from bprof.dashboards.figures.ranks import fig_split
 from bprof.dashboards.read import findings, has_table, is_analysed, metrics, rows, run_info
-from bprof.dashboards.sections import Chart, Numbers, Section, Table, Text, View
+from bprof.dashboards.figures.timeline import MAX_RANKS
+from bprof.dashboards.sections import Chart, Link, Numbers, Section, Table, Text, View
 
 PATH = "/overview"
 TITLE = "Overview"
@@ -45,9 +46,9 @@ def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
     out.append(Numbers("headline", items))
     out.append(Chart("split", "Where the step goes", fig_split(con, view.run_id)))
     out.append(Table("findings", "Findings, by time the step would get back",
-                     ["lost/step", "severity", "analyzer", "finding", "advice", "evidence"],
-                     [[fmt.ms(f["lost_ns"]), f["severity"], f["analyzer"], f["title"], *_advice_evidence(f["evidence"])]
-                      for f in ranked],
+                     ["lost/step", "severity", "analyzer", "finding", "advice", "evidence", "see"],
+                     [[fmt.ms(f["lost_ns"]), f["severity"], f["analyzer"], f["title"], *_advice_evidence(f["evidence"]),
+                       _evidence_link(view.run_id, f["evidence"])] for f in ranked],
                      note="lost/step: how much shorter the step would be with that cause removed; findings overlap and are never summed."))
     replays = _replays(con, view.run_id)
     if replays:
@@ -60,6 +61,19 @@ def _advice_evidence(text) -> tuple[str, str]:
     advice = evidence.pop("advice", None) or ""
     shown = json.dumps(evidence, separators=(", ", ": "), default=str)
     return advice, shown if len(shown) <= MAX_EVIDENCE_CHARS else shown[:MAX_EVIDENCE_CHARS - 1] + "…"
+
+
+def _evidence_link(run_id: int, text) -> Link | str:
+    """The timeline of the finding's ranks (the first MAX_RANKS) in its first step, when it names ranks."""
+    evidence = json.loads(text) if text else {}
+    ranks = [r for r in evidence.get("ranks") or [] if isinstance(r, int)][:MAX_RANKS]
+    if not ranks:
+        return ""
+    query = {"run": str(run_id), "ranks": ",".join(map(str, ranks))}
+    steps = [s for s in evidence.get("steps") or [] if isinstance(s, int)]
+    if steps:
+        query["step"] = str(steps[0])
+    return Link("timeline", "/timeline", query)
 
 
 def _replays(con: duckdb.DuckDBPyConnection, run_id: int) -> Table | None:
