@@ -1,0 +1,192 @@
+"""Who a rank's peers are, and what working like them means: the one definition that straggler
+pricing (bprof.analyzers.stragglers) and the `no-stragglers` what-if scenario share.
+
+Ranks are peers when they play the same role in the step (same pipeline stage, same count of each
+collective kind); a member row's work is compared with the rows of its peers that come before the
+same occurrence of the same collective kind. PeerStep prices sets of ranks against the others;
+like_median() gives every rank the median of its peers (itself included).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numba
+import numpy as np
+
+from bprof.whatif.engine import StepGraph, exit_offsets, replay_in_order, work_segments
+
+
+class PeerStep:
+    """One step's graph and what pricing a set of ranks needs, computed once: each member row's key
+    (the rank's role signature, the row's role, and which occurrence of that role on the rank it
+    is), the rows sorted by key and work, and each row's position there.
+
+    Ranks share a role signature when they sit at the same pipeline stage (bubbles_stages; middle
+    stages of 1F1B join the same collectives in another order) and join the same collectives in a
+    step (the same count of each op and group size: one layer of the parallel layout). The
+    work before a rank's j-th collective of a kind is compared with the work before the j-th of that
+    kind on the ranks of its signature (chain order can differ between ranks when several
+    collectives are in flight), and the tail after the last one with their tails."""
+
+    def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
+        self.g = g
+        work, self.tail = work_segments(g)
+        self.work_in_order = work[g.rows_by_instance]
+        self.exit_in_order = exit_offsets(g)[g.rows_by_instance]
+        # positions fit 32 bits below 2^31 rows (20 million per step at 10,240 ranks): half the memory
+        idx = np.int32 if len(g.rank) < 1 << 31 else np.int64
+        self.order_position = np.empty(len(g.rank), dtype=idx)  # each row's place in replay order
+        self.order_position[g.rows_by_instance] = np.arange(len(g.rank), dtype=idx)
+        self.step_ns = replay_in_order(g, self.work_in_order, self.exit_in_order, self.tail).step_ns
+        n = len(g.rank)
+        # signature: per rank, its pipeline stage and the count of each role
+        self.sig, roles = signatures(g, role, stage)
+        # Only the rows of ranks that share a signature with a priced rank are ever compared: sort those.
+        wanted = np.isin(self.sig, self.sig[np.isin(g.span_rank, list(priced))])
+        self.rows = np.flatnonzero(wanted[g.row_span])  # ascending: by rank, then chain order
+        self.index = np.full(n, -1, dtype=idx)  # row -> index in self.rows
+        self.index[self.rows] = np.arange(len(self.rows), dtype=idx)
+        m = len(self.rows)
+        sub_role, sub_span, sub_work = role[self.rows], g.row_span[self.rows], work[self.rows]
+        del work
+        occurrence = _occurrence(sub_span, sub_role, roles)
+        occurrences = int(occurrence.max()) + 1 if m else 1
+        group = (self.sig[sub_span] * roles + sub_role) * occurrences + occurrence
+        del sub_role, sub_span, occurrence
+        order = _by_group_and_work(group, sub_work)
+        self.sorted_work = sub_work[order]
+        del sub_work
+        sorted_group = group[order]
+        del group
+        group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if m else np.zeros(0, dtype=np.int64)
+        del sorted_group
+        sizes = np.diff(np.r_[group_start, m])
+        self.group_first = np.empty(m, dtype=idx)  # sorted position of the row's key's first row
+        self.group_first[order] = np.repeat(group_start, sizes)
+        self.group_size = np.empty(m, dtype=idx)
+        self.group_size[order] = np.repeat(sizes, sizes)
+        self.position = np.empty(m, dtype=idx)  # sorted position of the row
+        self.position[order] = np.arange(m, dtype=idx)
+
+    def gain(self, ranks: set[int]) -> int:
+        """How much shorter the step is when `ranks` work like the median of the other ranks of their
+        signature (a rank whose signature nobody else has keeps its own work). `ranks` must be among
+        the ranks the step was built to price."""
+        g = self.g
+        chosen = np.isin(g.span_rank, list(ranks))
+        rows = np.flatnonzero(chosen[g.row_span])
+        if not len(rows):
+            return 0
+        sub = self.index[rows]
+        if (sub < 0).any():
+            raise ValueError(f"ranks {sorted(ranks)} were not among the ranks this step was built to price")
+        work_in_order, new_tail = self.work_in_order.copy(), self.tail.copy()
+        # Per chosen row, the median of its key's rows without the chosen ranks' rows: walk the
+        # sorted key from its first row, skipping the chosen rows' positions (ascending).
+        excluded = np.sort(self.position[sub])
+        left = self.group_size[sub] - self._excluded_in_group(sub, excluded)
+        keep = left > 0
+        rows, sub, left = rows[keep], sub[keep], left[keep]
+        lo = self._nth_unexcluded(sub, (left - 1) // 2, excluded)
+        hi = self._nth_unexcluded(sub, left // 2, excluded)
+        work_in_order[self.order_position[rows]] = ((self.sorted_work[lo] + self.sorted_work[hi]) / 2).astype(np.int64)
+        for sig in np.unique(self.sig[chosen]).tolist():
+            peers = (self.sig == sig) & ~chosen
+            if peers.any():
+                new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
+        return self.step_ns - replay_in_order(g, work_in_order, self.exit_in_order, new_tail).step_ns
+
+    def link_gain(self, slowed_instances: np.ndarray, ratio: float) -> int:
+        """How much shorter the step is when the transfers of `slowed_instances` take 1/ratio as long."""
+        g = self.g
+        exits = self.exit_in_order.copy()
+        touched = np.isin(g.instance_ids, slowed_instances)[g.instance[g.rows_by_instance]]
+        exits[touched] = (exits[touched] / ratio).astype(np.int64)
+        return self.step_ns - replay_in_order(g, self.work_in_order, exits, self.tail).step_ns
+
+    def _excluded_in_group(self, rows: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+        first = self.group_first[rows]
+        return np.searchsorted(excluded, first + self.group_size[rows]) - np.searchsorted(excluded, first)
+
+    def _nth_unexcluded(self, rows: np.ndarray, nth: np.ndarray, excluded: np.ndarray) -> np.ndarray:
+        """Sorted position of the nth row of each row's key that is not excluded: start at first + nth
+        and step past every excluded position at or before it (few: the chosen ranks' rows)."""
+        pos = self.group_first[rows] + nth
+        skipped = np.searchsorted(excluded, self.group_first[rows])  # excluded positions before the key
+        while True:
+            behind = np.searchsorted(excluded, pos, side="right") - skipped  # excluded in [first, pos]
+            target = self.group_first[rows] + nth + behind
+            if np.array_equal(target, pos):
+                return pos
+            pos = target
+
+
+def signatures(g: StepGraph, role: np.ndarray, stage: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per span rank, its role signature id (pipeline stage and the count of each role); and the
+    number of roles."""
+    roles = int(role.max()) + 1 if len(role) else 1
+    counts = np.bincount(g.row_span * roles + role, minlength=len(g.span_rank) * roles).reshape(len(g.span_rank), roles)
+    ids: dict[tuple, int] = {}
+    sig = np.array([ids.setdefault((st, *c), len(ids)) for st, c in zip(stage.tolist(), map(tuple, counts.tolist()))],
+                   dtype=np.int64)
+    return sig, roles
+
+
+def like_median(g: StepGraph, role: np.ndarray, stage: np.ndarray, work: np.ndarray,
+                tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(work, tail) with every member row's work replaced by the median of its key's rows (the rows
+    of the ranks of its signature before the same occurrence of the same role, its own included),
+    and every rank's tail by the median tail of its signature: each rank works like the median rank
+    of its peers. work is per member row (StepGraph order), tail per span rank."""
+    sig, roles = signatures(g, role, stage)
+    n = len(g.rank)
+    new_work = np.asarray(work, dtype=np.int64).copy()
+    if n:
+        occurrence = _occurrence(g.row_span, role, roles)
+        occurrences = int(occurrence.max()) + 1
+        group = (sig[g.row_span] * roles + role) * occurrences + occurrence
+        new_work = _median_by_key(group, new_work)
+    new_tail = _median_by_key(sig, np.asarray(tail, dtype=np.int64))
+    return new_work, new_tail
+
+
+def _median_by_key(key: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each entry replaced by the median of the values of its key (the mean of the two middle
+    ones for an even count, truncated to int64, as PeerStep.gain)."""
+    if not len(key):
+        return values.copy()
+    order = _by_group_and_work(key, values)
+    k, v = key[order], values[order]
+    start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    size = np.diff(np.r_[start, len(k)])
+    lo, hi = start + (size - 1) // 2, start + size // 2
+    med = ((v[lo] + v[hi]) / 2).astype(np.int64)
+    out = np.empty(len(key), dtype=np.int64)
+    out[order] = np.repeat(med, size)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _occurrence(span, role, roles):  # pragma: no cover - compiled
+    """For rows sorted by rank (span index) and chain order: which occurrence of its role on its
+    rank each row is (0, 1, ...)."""
+    out = np.empty(len(span), dtype=np.int64)
+    seen = np.zeros(roles, dtype=np.int64)
+    for i in range(len(span)):
+        if i == 0 or span[i] != span[i - 1]:
+            seen[:] = 0
+        out[i] = seen[role[i]]
+        seen[role[i]] += 1
+    return out
+
+
+def _by_group_and_work(group: np.ndarray, work: np.ndarray) -> np.ndarray:
+    """Rows by (group, work): one argsort of a packed key when work spans under 2^40 ns and groups
+    number under 2^23, else a lexsort (rows of equal group and work are interchangeable here)."""
+    if not len(group):
+        return np.zeros(0, dtype=np.int64)
+    rel = work - work.min()
+    if rel.max() < 1 << 40 and group.max() < 1 << 23:
+        return np.argsort((group << 40) | rel)
+    return np.lexsort((work, group))
