@@ -26,7 +26,7 @@ def fig_busbw(con: duckdb.DuckDBPyConnection, run_id: int) -> go.Figure:
         return empty(title, "no collective with a measurable transfer time")
     fig = go.Figure()
     for op, part in df.groupby("op", sort=True):
-        fig.add_scatter(x=part["median_bytes"], y=part["busbw_gbs"], mode="markers+lines", name=op,
+        fig.add_scatter(x=part["median_bytes"], y=part["busbw_gbs"], mode="markers", name=op, marker=dict(size=9),
                         customdata=part[["grp", "num_instances"]].to_numpy(),
                         hovertemplate="%{customdata[0]}: %{x:.3s}B, %{y:.2f} GB/s (%{customdata[1]} calls)<extra>" + op + "</extra>")
     for peak in sorted(set(df["peak_gbs"].dropna())):
@@ -47,14 +47,25 @@ def fig_skew(con: duckdb.DuckDBPyConnection, run_id: int) -> go.Figure:
                        GROUP BY ALL ORDER BY op, bin_log10_ns""", [run_id])
     if df.empty:
         return empty(title, "no matched collective with aligned arrivals")
+    # log-spaced bins as categories (bars on a log axis would be too thin to see), in order
+    bins = sorted(set(df["bin_log10_ns"]))
+    labels = {b: _duration(10 ** b) for b in bins}
     fig = go.Figure()
     for op, part in df.groupby("op", sort=True):
-        fig.add_bar(x=10 ** part["bin_log10_ns"] / 1e6, y=part["n"], name=op,
-                    hovertemplate="skew >= %{x:.3f} ms: %{y} calls<extra>" + op + "</extra>")
-    fig.update_xaxes(type="log", title="arrival skew (ms, log bins of 1/4 decade)")
+        fig.add_bar(x=[labels[b] for b in part["bin_log10_ns"]], y=part["n"], name=op,
+                    hovertemplate="skew >= %{x}: %{y} calls<extra>" + op + "</extra>")
+    fig.update_xaxes(title="arrival skew, at least (bins of 1/4 decade)", type="category",
+                     categoryorder="array", categoryarray=[labels[b] for b in bins])
     fig.update_yaxes(title="instances")
     fig.update_layout(barmode="group")
     return layout(fig, title)
+
+
+def _duration(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
 
 
 def fig_dims(con: duckdb.DuckDBPyConnection, run_id: int) -> go.Figure:
