@@ -14,6 +14,8 @@ TITLE = "Kernels"
 CONTROLS = ("run",)
 IN_HTML = True
 MAX_TOP_ROWS = 30
+# C++ template names of kernels run to hundreds of characters; the table shows their start
+MAX_NAME_CHARS = 140
 
 
 def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
@@ -23,7 +25,11 @@ def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
                            FROM kernels_top WHERE run_id = ? ORDER BY dur_ns DESC LIMIT ?""", [view.run_id, MAX_TOP_ROWS])
         out.append(Table("kernel-top", "Top kernels (device time, all ranks)",
                          ["name", "kind", "class", "calls", "ranks", "total", "mean", "share"],
-                         [[k["name"], k["kind"], k["fine_class"], fmt.count(k["num_calls"]), fmt.count(k["num_ranks"]),
+                         [[_short(k["name"]), k["kind"], k["fine_class"], fmt.count(k["num_calls"]), fmt.count(k["num_ranks"]),
                            fmt.ms(k["dur_ns"]), fmt.ms(k["mean_dur_ns"]), fmt.pct(k["share_frac"])] for k in top]))
     out.append(Chart("kernel-roofline", "Roofline", fig_roofline(con, view.run_id)))
     return out
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS - 1] + "…"
