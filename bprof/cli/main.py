@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, replay, report, runs
+from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, replay, report, runs, whatif
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -26,6 +26,7 @@ reduce.register(app)
 ci.register(app)
 replay.register(app)
 report.register(app)
+whatif.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

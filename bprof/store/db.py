@@ -13,7 +13,7 @@ import duckdb
 
 from bprof.errors import DataError, UsageError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DEFAULT_DB = Path("bprof.duckdb")
 
 # version N -> SQL that turns a version-N store into version N+1. Each step repeats what schema.sql
@@ -293,6 +293,56 @@ COMMENT ON COLUMN replays.finding_id IS 'The bprof analyze finding the item veri
 COMMENT ON COLUMN replays.finding_title IS 'Title of that finding, kept for when it is renumbered.';
 COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time), straggler (stragglers_ranks lost_ns of a flagged rank), or a work amount of one rank: work_flops (kernels_flops executed FLOPs), work_calls (collectives calls), work_bytes (collectives input bytes).';
 COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns); for the work_* families the amount per step on that rank (FLOPs, calls or bytes), median over kept steps.';
+""",
+    # 5 -> 6: the predictions of bprof whatif
+    5: """
+CREATE TABLE whatif (
+    run_id INTEGER NOT NULL,
+    scenario VARCHAR NOT NULL,
+    rank INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    predicted_ns BIGINT NOT NULL,
+    measured_ns BIGINT NOT NULL,
+    PRIMARY KEY (run_id, scenario, rank, step)
+);
+COMMENT ON TABLE whatif IS 'bprof whatif: each rank''s step replayed from the step''s dependency graph (per-rank chains of work between matched collectives), unchanged or under a scenario; rerunning a scenario replaces its rows.';
+COMMENT ON COLUMN whatif.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN whatif.scenario IS 'unchanged (the replay of what was measured: a consistency check), or the scenario string as given, parts joined by + and applied in order (no-stragglers, no-host-gaps, perfect-overlap, scale:X=F, coll:bw=G,lat=U).';
+COMMENT ON COLUMN whatif.rank IS 'Global rank.';
+COMMENT ON COLUMN whatif.step IS 'Profiler step (-1: the whole trace of a rank without ProfilerStep ranges).';
+COMMENT ON COLUMN whatif.predicted_ns IS 'Replayed step time of the rank: replayed end of its span - its start.';
+COMMENT ON COLUMN whatif.measured_ns IS 'Measured step time of the rank (timeline_spans.dur_ns).';
+
+CREATE TABLE whatif_runs (
+    run_id INTEGER NOT NULL,
+    scenario VARCHAR NOT NULL,
+    computed_at TIMESTAMPTZ NOT NULL,
+    num_steps INTEGER NOT NULL,
+    num_ranks INTEGER NOT NULL,
+    measured_step_ns BIGINT,
+    predicted_step_ns BIGINT,
+    delta_frac DOUBLE,
+    measured_mfu_frac DOUBLE,
+    predicted_mfu_frac DOUBLE,
+    max_error_frac DOUBLE,
+    median_error_frac DOUBLE,
+    assumptions VARCHAR[] NOT NULL,
+    PRIMARY KEY (run_id, scenario)
+);
+COMMENT ON TABLE whatif_runs IS 'bprof whatif: one row per run and scenario, the predicted job step time and MFU against the measured run.';
+COMMENT ON COLUMN whatif_runs.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN whatif_runs.scenario IS 'As whatif.scenario.';
+COMMENT ON COLUMN whatif_runs.computed_at IS 'When bprof whatif ran.';
+COMMENT ON COLUMN whatif_runs.num_steps IS 'Steps replayed (the analysed steps with spans).';
+COMMENT ON COLUMN whatif_runs.num_ranks IS 'Most ranks replayed in one step.';
+COMMENT ON COLUMN whatif_runs.measured_step_ns IS 'Job step time as measured: the longest rank''s span per step, median over steps.';
+COMMENT ON COLUMN whatif_runs.predicted_step_ns IS 'The same over the replayed spans.';
+COMMENT ON COLUMN whatif_runs.delta_frac IS '(predicted_step_ns - measured_step_ns) / measured_step_ns: below 0 when the scenario shortens the step.';
+COMMENT ON COLUMN whatif_runs.measured_mfu_frac IS 'The run''s MFU (metrics.mfu_frac); NULL when not measurable.';
+COMMENT ON COLUMN whatif_runs.predicted_mfu_frac IS 'measured_mfu_frac x measured_step_ns / predicted_step_ns: the same model FLOPs and peaks over the predicted step.';
+COMMENT ON COLUMN whatif_runs.max_error_frac IS 'Largest |predicted_ns - measured_ns| / measured_ns over the rank-steps: for the unchanged scenario the replay''s consistency error, for the others how far a rank''s step moved.';
+COMMENT ON COLUMN whatif_runs.median_error_frac IS 'Median of the same over the rank-steps.';
+COMMENT ON COLUMN whatif_runs.assumptions IS 'What each part of the scenario assumed, in order (also printed by bprof whatif).';
 """,
 }
 

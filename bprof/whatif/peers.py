@@ -3,8 +3,9 @@ pricing (bprof.analyzers.stragglers) and the `no-stragglers` what-if scenario sh
 
 Ranks are peers when they play the same role in the step (same pipeline stage, same count of each
 collective kind); a member row's work is compared with the rows of its peers that come before the
-same occurrence of the same collective kind. PeerStep prices sets of ranks against the others;
-like_median() gives every rank the median of its peers (itself included).
+same occurrence of the same collective kind. PeerStep prices sets of ranks against the others
+(the straggler findings' lost_ns) and gives their work as the median of their peers' (the
+`no-stragglers` scenario).
 """
 
 from __future__ import annotations
@@ -73,11 +74,19 @@ class PeerStep:
         """How much shorter the step is when `ranks` work like the median of the other ranks of their
         signature (a rank whose signature nobody else has keeps its own work). `ranks` must be among
         the ranks the step was built to price."""
+        if not np.isin(self.g.span_rank, list(ranks)).any():
+            return 0
+        work_in_order, new_tail = self.like_peers(ranks)
+        return self.step_ns - replay_in_order(self.g, work_in_order, self.exit_in_order, new_tail).step_ns
+
+    def like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(work in replay order, tail per span rank) with `ranks` working like the median of the
+        other ranks of their signature."""
         g = self.g
         chosen = np.isin(g.span_rank, list(ranks))
         rows = np.flatnonzero(chosen[g.row_span])
         if not len(rows):
-            return 0
+            return self.work_in_order.copy(), self.tail.copy()
         sub = self.index[rows]
         if (sub < 0).any():
             raise ValueError(f"ranks {sorted(ranks)} were not among the ranks this step was built to price")
@@ -95,7 +104,7 @@ class PeerStep:
             peers = (self.sig == sig) & ~chosen
             if peers.any():
                 new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
-        return self.step_ns - replay_in_order(g, work_in_order, self.exit_in_order, new_tail).step_ns
+        return work_in_order, new_tail
 
     def link_gain(self, slowed_instances: np.ndarray, ratio: float) -> int:
         """How much shorter the step is when the transfers of `slowed_instances` take 1/ratio as long."""
@@ -131,40 +140,6 @@ def signatures(g: StepGraph, role: np.ndarray, stage: np.ndarray) -> tuple[np.nd
     sig = np.array([ids.setdefault((st, *c), len(ids)) for st, c in zip(stage.tolist(), map(tuple, counts.tolist()))],
                    dtype=np.int64)
     return sig, roles
-
-
-def like_median(g: StepGraph, role: np.ndarray, stage: np.ndarray, work: np.ndarray,
-                tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(work, tail) with every member row's work replaced by the median of its key's rows (the rows
-    of the ranks of its signature before the same occurrence of the same role, its own included),
-    and every rank's tail by the median tail of its signature: each rank works like the median rank
-    of its peers. work is per member row (StepGraph order), tail per span rank."""
-    sig, roles = signatures(g, role, stage)
-    n = len(g.rank)
-    new_work = np.asarray(work, dtype=np.int64).copy()
-    if n:
-        occurrence = _occurrence(g.row_span, role, roles)
-        occurrences = int(occurrence.max()) + 1
-        group = (sig[g.row_span] * roles + role) * occurrences + occurrence
-        new_work = _median_by_key(group, new_work)
-    new_tail = _median_by_key(sig, np.asarray(tail, dtype=np.int64))
-    return new_work, new_tail
-
-
-def _median_by_key(key: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Each entry replaced by the median of the values of its key (the mean of the two middle
-    ones for an even count, truncated to int64, as PeerStep.gain)."""
-    if not len(key):
-        return values.copy()
-    order = _by_group_and_work(key, values)
-    k, v = key[order], values[order]
-    start = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
-    size = np.diff(np.r_[start, len(k)])
-    lo, hi = start + (size - 1) // 2, start + size // 2
-    med = ((v[lo] + v[hi]) / 2).astype(np.int64)
-    out = np.empty(len(key), dtype=np.int64)
-    out[order] = np.repeat(med, size)
-    return out
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,0 +1,137 @@
+"""`whatif(con, run_id, scenarios)`: replay every analysed step of a run unchanged and under each
+scenario, and store what each predicts (tables whatif and whatif_runs, schema.sql).
+
+Per rank and step: predicted = replayed span end - span start; measured = the span. The job's step
+is its longest rank's, and the run's step time the median over steps, as `bprof analyze` defines
+it. MFU scales with it: predicted MFU = the run's MFU x measured step / predicted step (the same
+model FLOPs and peaks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from bprof.errors import UsageError
+from bprof.whatif import graph
+from bprof.whatif.engine import replay
+from bprof.whatif.scenarios import Part, State, parse
+
+UNCHANGED = "unchanged"
+
+
+@dataclasses.dataclass
+class ScenarioResult:
+    scenario: str
+    parts: list[Part]
+    rank: list[np.ndarray] = dataclasses.field(default_factory=list)  # per step, per span rank
+    step: list[int] = dataclasses.field(default_factory=list)
+    predicted_ns: list[np.ndarray] = dataclasses.field(default_factory=list)
+    measured_ns: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def job_steps(self) -> tuple[list[int], list[int]]:
+        """(measured, predicted) job step per step: the longest rank's."""
+        return ([int(m.max()) for m in self.measured_ns if len(m)], [int(p.max()) for p, m in zip(self.predicted_ns, self.measured_ns) if len(m)])
+
+    def summary(self, mfu_frac: float | None) -> dict:
+        measured, predicted = self.job_steps()
+        meas = int(np.median(measured)) if measured else None
+        pred = int(np.median(predicted)) if predicted else None
+        err = np.concatenate([np.abs(p - m) / np.maximum(m, 1) for p, m in zip(self.predicted_ns, self.measured_ns)]) \
+            if self.measured_ns else np.zeros(0)
+        return {
+            "scenario": self.scenario,
+            "num_steps": len(measured),
+            "num_ranks": int(max((len(r) for r in self.rank), default=0)),
+            "measured_step_ns": meas,
+            "predicted_step_ns": pred,
+            "delta_frac": (pred - meas) / meas if meas else None,
+            "measured_mfu_frac": mfu_frac,
+            "predicted_mfu_frac": mfu_frac * meas / pred if mfu_frac is not None and meas and pred else None,
+            "max_error_frac": float(err.max()) if len(err) else None,
+            "median_error_frac": float(np.median(err)) if len(err) else None,
+            "assumptions": [p.assumption() for p in self.parts],
+        }
+
+
+@dataclasses.dataclass
+class WhatifResult:
+    run_id: int
+    results: list[ScenarioResult]
+    summaries: list[dict]
+    num_ranks_without_events: int
+
+
+def whatif(con: duckdb.DuckDBPyConnection, run_id: int, scenarios: list[str], *, write: bool = True) -> WhatifResult:
+    """Replay the run unchanged and under each scenario string (parts joined by '+'); store the
+    rows when `write` (replacing earlier rows of the same run and scenario, in one transaction)."""
+    parsed = [(text.strip(), parse(text)) for text in scenarios]  # usage errors before any work
+    if not graph.has_analysis(con, run_id):
+        raise UsageError(f"run {run_id} is not analysed: run `bprof analyze {run_id}` first")
+    for _, parts in parsed:
+        for p in parts:
+            p.prepare(con, run_id)
+    results = [ScenarioResult(UNCHANGED, [])] + [ScenarioResult(t, parts) for t, parts in parsed]
+    without_events = 0
+    for m in graph.steps(con, run_id):
+        without_events = max(without_events, int((~m.has_events).sum()))
+        start = m.g.span_start_ns
+        for res in results:
+            s = State.measured(m)
+            for p in res.parts:
+                p.apply(con, run_id, m, s)
+            r = replay(m.g, s.work, s.tail, s.exit_after)
+            res.rank.append(m.g.span_rank)
+            res.step.append(m.step)
+            res.predicted_ns.append(r.end_ns - start)
+            res.measured_ns.append(m.measured_ns)
+    mfu = _metric(con, run_id, "mfu_frac")
+    summaries = [r.summary(mfu) for r in results]
+    if without_events:
+        for s in summaries[1:]:
+            s["assumptions"].append(f"{without_events} ranks have no events (reduced): their work has no host gaps or "
+                                    "kernel classes to change")
+    out = WhatifResult(run_id, results, summaries, without_events)
+    if write:
+        _write(con, out)
+    return out
+
+
+def _metric(con, run_id: int, name: str) -> float | None:
+    row = con.execute("SELECT value FROM metrics WHERE run_id = ? AND name = ?", [run_id, name]).fetchone()
+    return row[0] if row else None
+
+
+def _write(con: duckdb.DuckDBPyConnection, out: WhatifResult) -> None:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for res, summary in zip(out.results, out.summaries):
+            con.execute("DELETE FROM whatif WHERE run_id = ? AND scenario = ?", [out.run_id, res.scenario])
+            con.execute("DELETE FROM whatif_runs WHERE run_id = ? AND scenario = ?", [out.run_id, res.scenario])
+            if res.rank:
+                sizes = [len(r) for r in res.rank]
+                table = pa.table({
+                    "rank": pa.array(np.concatenate(res.rank).astype(np.int32)),
+                    "step": pa.array(np.repeat(np.asarray(res.step, dtype=np.int32), sizes)),
+                    "predicted_ns": pa.array(np.concatenate(res.predicted_ns).astype(np.int64)),
+                    "measured_ns": pa.array(np.concatenate(res.measured_ns).astype(np.int64))})
+                con.register("_wi_rows", table)
+                try:
+                    con.execute("INSERT INTO whatif SELECT ?, ?, rank, step, predicted_ns, measured_ns FROM _wi_rows",
+                                [out.run_id, res.scenario])
+                finally:
+                    con.unregister("_wi_rows")
+            con.execute("""INSERT INTO whatif_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                        [out.run_id, res.scenario, now, summary["num_steps"], summary["num_ranks"],
+                         summary["measured_step_ns"], summary["predicted_step_ns"], summary["delta_frac"],
+                         summary["measured_mfu_frac"], summary["predicted_mfu_frac"], summary["max_error_frac"],
+                         summary["median_error_frac"], summary["assumptions"]])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise

@@ -1,0 +1,270 @@
+"""What-if scenarios: each changes the work, tails or transfers of a step's graph before the replay.
+
+A scenario string is one or more parts joined by "+", applied in order to the step as it stands
+after the parts before it ("no-stragglers+scale:gemm=0.8"):
+
+- `no-stragglers`: the ranks the straggler analysis flagged (stragglers_ranks.flagged) work like
+  the median of their peers (bprof.whatif.peers: same pipeline stage, same count of each collective
+  kind): each of their work segments becomes the median of that segment (the same occurrence of the
+  same collective kind) over the other peers, their tail the peers' median tail: the counterfactual
+  the straggler findings price, applied to all flagged ranks at once. Healthy ranks keep their own
+  work (and its noise), transfers stay as measured.
+- `scale:X=F`: the time of kernel class X (a catalogue class: gemm, attention, norm, ...) or of the
+  op/kernel named X in each work segment is multiplied by F (> 0); the rest of the segment stays.
+  Assumes X's time in the segment is on the rank's critical path (it runs alone, not beside
+  another stream).
+- `no-host-gaps`: the host gaps of each work segment are removed (as CUDA graphs, a prefetching data
+  loader and no host syncs would): device idle time (breakdown_idle_gaps), and on CPU traces the
+  data-loading ranges too. The device work around them stays.
+- `perfect-overlap`: each collective's transfer (its exit after the last member arrived) is hidden
+  behind the compute of the member's work segment before it, as far as that compute reaches:
+  exit after last arrival = max(0, transfer - (work before it - its host gaps)). Waiting for the
+  last peer stays: overlap does not make a late peer early.
+- `coll:bw=G,lat=U[,algo=ring|tree]`: every collective's transfer becomes the alpha-beta model
+  time for its op, message size (nccl-tests bytes) and group size n, with link bandwidth G GB/s
+  and latency U us. Ring: all_reduce 2(n-1)a + 2(n-1)/n S/B; all_gather, reduce_scatter,
+  all_to_all, gather, scatter (n-1)a + (n-1)/n S/B; broadcast, reduce (n-1)a + S/B; p2p, send,
+  recv a + S/B; barrier 2(n-1)a. Tree: all_reduce 2 ceil(log2 n) a + 2(n-1)/n S/B, broadcast and
+  reduce ceil(log2 n) a + S/B, the others as ring. Instances of unknown size keep their transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+import duckdb
+import numpy as np
+
+from bprof.errors import UsageError
+from bprof.kernels.classify import FINE_CLASSES, classify_many
+from bprof.whatif.graph import StepModel, matched_time
+from bprof.whatif.peers import PeerStep
+
+
+@dataclasses.dataclass
+class State:
+    """What the replay takes: work per member row, tail per span rank, exit after the last arrival per
+    member row (all int64 ns)."""
+
+    work: np.ndarray
+    tail: np.ndarray
+    exit_after: np.ndarray
+
+    @classmethod
+    def measured(cls, m: StepModel) -> "State":
+        return cls(m.work.copy(), m.tail.copy(), m.exit_after.copy())
+
+
+class Part:
+    """One scenario part: `apply` changes the state of one step; `assumption` says what it assumed."""
+
+    text: str
+
+    def prepare(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+        """Look up what the part needs once per run (names of a class)."""
+
+    def apply(self, con: duckdb.DuckDBPyConnection, run_id: int, m: StepModel, s: State) -> None:
+        raise NotImplementedError
+
+    def assumption(self) -> str:
+        raise NotImplementedError
+
+
+class NoStragglers(Part):
+    text = "no-stragglers"
+
+    def __init__(self):
+        self.ranks: list[int] = []
+
+    def prepare(self, con, run_id):
+        has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'stragglers_ranks' AND NOT temporary").fetchone()[0]
+        self.ranks = [r for (r,) in con.execute(
+            "SELECT rank FROM stragglers_ranks WHERE run_id = ? AND flagged ORDER BY rank", [run_id]).fetchall()] if has else []
+
+    def apply(self, con, run_id, m, s):
+        present = set(self.ranks) & set(m.g.span_rank.tolist())
+        if not present:
+            return
+        peers = PeerStep(m.g, m.role, m.stage, present)
+        work_in_order, tail = peers.like_peers(present)
+        # the change to the measured work, added to the state as it stands (parts compose)
+        s.work = s.work + (work_in_order[peers.order_position] - m.work)
+        s.tail = s.tail + (tail - m.tail)
+
+    def assumption(self):
+        who = f"ranks {self.ranks}" if self.ranks else "no rank (the straggler analysis flagged none: nothing changes)"
+        return (f"no-stragglers: {who} flagged by the straggler analysis work between collectives like the median of "
+                "their peers (same pipeline stage and collectives, the same segment of the step), as the straggler "
+                "findings price them; the other ranks and all transfers as measured")
+
+
+class NoHostGaps(Part):
+    text = "no-host-gaps"
+
+    def apply(self, con, run_id, m, s):
+        s.work = _minus(s.work, m.host_ns)
+        s.tail = _minus(s.tail, m.tail_host_ns)
+
+    def assumption(self):
+        return ("no-host-gaps: device idle between kernels (launch gaps, syncs, GC, data loading, Python) and, on CPU "
+                "traces, data-loading ranges are removed from every work segment; ranks without events keep theirs")
+
+
+class PerfectOverlap(Part):
+    text = "perfect-overlap"
+
+    def apply(self, con, run_id, m, s):
+        compute = np.maximum(s.work - m.host_ns, 0)
+        s.exit_after = np.maximum(s.exit_after - compute, 0)
+
+    def assumption(self):
+        return ("perfect-overlap: each collective's transfer runs behind the compute of the work before it; a member "
+                "leaves max(0, transfer - that compute) after the last peer arrived; waiting for the last peer stays")
+
+
+@dataclasses.dataclass
+class Scale(Part):
+    target: str
+    factor: float
+    names: list[str] = dataclasses.field(default_factory=list)
+    is_class: bool = False
+
+    @property
+    def text(self):
+        return f"scale:{self.target}={self.factor:g}"
+
+    def prepare(self, con, run_id):
+        self.is_class = self.target in FINE_CLASSES
+        if self.is_class:
+            pairs = con.execute("SELECT DISTINCT name, kind FROM events WHERE run_id = ? AND kind IN ('kernel', 'cpu_op') "
+                                "AND name IS NOT NULL", [run_id]).fetchall()
+            self.names = sorted({name for name, _, fine, _, _ in classify_many(pairs) if fine == self.target})
+            return
+        self.names = [self.target]
+        any_events = con.execute("SELECT count(*) FROM (SELECT 1 FROM events WHERE run_id = ? LIMIT 1)", [run_id]).fetchone()[0]
+        found = con.execute("SELECT count(*) FROM (SELECT 1 FROM events WHERE run_id = ? AND name = ? LIMIT 1)",
+                            [run_id, self.target]).fetchone()[0]
+        if any_events and not found:
+            raise UsageError(f"scenario {self.text!r}: {self.target!r} is neither a kernel class "
+                             f"({', '.join(FINE_CLASSES)}) nor the name of a kernel or op of this run")
+
+    def apply(self, con, run_id, m, s):
+        if self.factor == 1.0:
+            return  # the identity, exactly
+        t = matched_time(con, run_id, m, self.names)
+        n = len(s.work)
+        s.work = _plus(s.work, np.rint((self.factor - 1.0) * t[:n]).astype(np.int64))
+        s.tail = _plus(s.tail, np.rint((self.factor - 1.0) * t[n:]).astype(np.int64))
+
+    def assumption(self):
+        what = f"kernel class {self.target} ({len(self.names)} names)" if self.is_class else f"the kernel or op {self.target}"
+        return (f"{self.text}: the time of {what} in each work segment (union of its kernels on GPU, of its ops on the "
+                f"main thread on CPU) x {self.factor:g}, assumed on the rank's critical path; ranks without events unchanged")
+
+
+@dataclasses.dataclass
+class CollectiveModel(Part):
+    bw_gbps: float
+    lat_us: float
+    algo: str = "ring"
+
+    @property
+    def text(self):
+        return f"coll:bw={self.bw_gbps:g},lat={self.lat_us:g},algo={self.algo}"
+
+    def apply(self, con, run_id, m, s):
+        t = collective_ns(m.op, m.bytes, m.group_size, self.bw_gbps * 1e9, self.lat_us * 1e-6, self.algo)
+        per_row = t[m.g.instance]
+        known = per_row >= 0
+        s.exit_after = np.where(known, per_row, s.exit_after)
+
+    def assumption(self):
+        return (f"{self.text}: every collective's transfer after its last arrival is the alpha-beta time at "
+                f"{self.bw_gbps:g} GB/s and {self.lat_us:g} us per hop ({self.algo}; formulas in bprof/whatif/scenarios.py); "
+                f"instances of unknown size keep their measured transfer")
+
+
+_RING_STEPS = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0), "all_to_all": (1.0, 1.0),
+               "gather": (1.0, 1.0), "scatter": (1.0, 1.0)}
+
+
+def collective_ns(op: np.ndarray, size_bytes: np.ndarray, n: np.ndarray, bytes_per_s: float, latency_s: float,
+                  algo: str) -> np.ndarray:
+    """Alpha-beta time (ns) per instance; -1 where the size is unknown (barrier: latency only)."""
+    out = np.full(len(op), -1, dtype=np.int64)
+    for k, (name, size, group) in enumerate(zip(op.tolist(), size_bytes.tolist(), n.tolist())):
+        group = max(int(group), 1)
+        if group == 1:
+            out[k] = 0
+            continue
+        if name == "barrier":
+            out[k] = round(2 * (group - 1) * latency_s * 1e9)
+            continue
+        if size < 0:
+            continue
+        log_n = math.ceil(math.log2(group))
+        if algo == "tree" and name == "all_reduce":
+            sec = 2 * log_n * latency_s + 2 * (group - 1) / group * size / bytes_per_s
+        elif algo == "tree" and name in ("broadcast", "reduce"):
+            sec = log_n * latency_s + size / bytes_per_s
+        elif name in _RING_STEPS:
+            a, b = _RING_STEPS[name]
+            sec = a * (group - 1) * latency_s + b * (group - 1) / group * size / bytes_per_s
+        elif name in ("broadcast", "reduce"):
+            sec = (group - 1) * latency_s + size / bytes_per_s
+        else:  # p2p, send, recv, send_recv, unknown: one hop
+            sec = latency_s + size / bytes_per_s
+        out[k] = round(sec * 1e9)
+    return out
+
+
+def _minus(values: np.ndarray, part: np.ndarray) -> np.ndarray:
+    """values - part where values are positive, never below 0 (a negative segment - asynchronous
+    collectives - has no parts and stays)."""
+    return np.where(values > 0, np.maximum(values - part, 0), values)
+
+
+def _plus(values: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    return np.where(values > 0, np.maximum(values + delta, 0), values)
+
+
+_NUMBER = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
+
+
+def parse(text: str) -> list[Part]:
+    """A scenario string -> its parts, in order; a usage error naming the part that is wrong."""
+    parts = [p.strip() for p in text.split("+")]
+    if not text.strip() or any(not p for p in parts):
+        raise UsageError(f"scenario {text!r}: empty part (parts are joined by '+')")
+    return [_part(p) for p in parts]
+
+
+def _part(p: str) -> Part:
+    simple = {"no-stragglers": NoStragglers, "no-host-gaps": NoHostGaps, "perfect-overlap": PerfectOverlap}
+    if p in simple:
+        return simple[p]()
+    if p.startswith("scale:"):
+        target, eq, factor = p[len("scale:"):].rpartition("=")
+        if not eq or not target:
+            raise UsageError(f"scenario {p!r}: expected scale:<kernel class or op name>=<factor>, e.g. scale:gemm=0.8")
+        if not re.fullmatch(_NUMBER, factor) or float(factor) <= 0:
+            raise UsageError(f"scenario {p!r}: the factor must be a number above 0, got {factor!r}")
+        return Scale(target, float(factor))
+    if p.startswith("coll:"):
+        fields = dict(kv.partition("=")[::2] for kv in p[len("coll:"):].split(","))
+        unknown = set(fields) - {"bw", "lat", "algo"}
+        if unknown or "bw" not in fields or "lat" not in fields:
+            raise UsageError(f"scenario {p!r}: expected coll:bw=<GB/s>,lat=<us>[,algo=ring|tree]")
+        for key in ("bw", "lat"):
+            if not re.fullmatch(_NUMBER, fields[key]):
+                raise UsageError(f"scenario {p!r}: {key} must be a number, got {fields[key]!r}")
+        if float(fields["bw"]) <= 0:
+            raise UsageError(f"scenario {p!r}: bw must be above 0")
+        algo = fields.get("algo", "ring")
+        if algo not in ("ring", "tree"):
+            raise UsageError(f"scenario {p!r}: algo must be ring or tree, got {algo!r}")
+        return CollectiveModel(float(fields["bw"]), float(fields["lat"]), algo)
+    raise UsageError(f"unknown scenario {p!r}: expected no-stragglers, no-host-gaps, perfect-overlap, "
+                     "scale:<class or op>=<factor> or coll:bw=<GB/s>,lat=<us>[,algo=ring|tree]")
