@@ -1,7 +1,7 @@
 """Stores for the report's tests, built once per session and only read by the tests:
 - `report_store`: a synthetic 8-GPU NCCL run (tp2 pp2 dp2, two hosts, one slow rank) whose GEMM
   kernel is renamed to carry markup (`<script>...`), and a 1,024-rank fleet run (bprof.synth.fleet),
-  both ingested and analysed;
+  both ingested and analysed (the synthetic run also given to `bprof whatif`);
 - `recorded_store`: a real 4-rank `bprof record` of examples/train_gpt.py (gloo), calibrated and
   analysed by `bprof analyze --json`, whose output comes with it."""
 
@@ -56,6 +56,7 @@ def report_store(tmp_path_factory) -> dict:
     db = out / "report.duckdb"
     bprof("ingest", str(synth), "--db", str(db), "--name", "synthetic-8")
     bprof("analyze", "synthetic-8", "--db", str(db))
+    bprof("whatif", "synthetic-8", "--db", str(db), "--scenario", "no-host-gaps", "--scenario", "scale:gemm=0.8")
     con = open_store(db)
     truth = write_fleet(con, Fleet(tp=8, pp=4, dp=FLEET_RANKS // 32, microbatches=4, steps=3, tp_per_forward=6,
                                    tp_per_backward=12, dp_collectives=4, slow_rank=333, slow_factor=1.3),

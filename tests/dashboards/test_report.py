@@ -88,7 +88,7 @@ def test_timeline_keeps_the_longest_events_per_rank(con, report_store):
 def test_html_export_escapes_trace_text(con, report_store, tmp_path):
     written = export_html(con, report_store["synthetic"], tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text()
-    assert written["pages"] == ["Overview", "Ranks", "Communication", "Kernels"] and written["charts"] >= 8
+    assert written["pages"] == ["Overview", "Ranks", "Communication", "Kernels", "What-if"] and written["charts"] >= 8
     assert "window.__bprof_pwned" in text                      # the kernel is listed ...
     assert "<script>window.__bprof_pwned" not in text          # ... never as markup
     assert "&lt;script&gt;window.__bprof_pwned" in text
@@ -154,3 +154,22 @@ def test_runs_page_draws_the_ci_series_as_stored(tmp_path):
     con.close()
     [steps] = [t for t in chart.figure.data if t.yaxis == "y"]
     assert list(steps.y) == pytest.approx([s.metrics["step_time_ns"].value / 1e6 for s in summaries])
+
+
+def test_whatif_page_shows_the_stored_predictions(con, report_store):
+    from bprof.dashboards.pages import whatif
+
+    run_id = report_store["synthetic"]
+    [table, chart] = whatif.sections(con, View(run_id))
+    stored = con.execute("""SELECT scenario, predicted_step_ns, delta_frac FROM whatif_runs WHERE run_id = ?
+                            ORDER BY scenario <> 'unchanged', predicted_step_ns""", [run_id]).fetchall()
+    assert [r[0] for r in table.rows] == [s for s, _, _ in stored] and stored[0][0] == "unchanged"
+    assert {"no-host-gaps", "scale:gemm=0.8"} <= {s for s, _, _ in stored}
+    for row, (_, predicted, delta) in zip(table.rows, stored):
+        assert row[2] == fmt.ms(predicted) and row[3] == f"{100 * delta:+.1f}%"
+    # measured, then one line per stored scenario, one point per rank
+    assert [t.name for t in chart.figure.data][0] == "measured" and len(chart.figure.data) == 1 + len(stored)
+    assert all(len(t.x) == 8 for t in chart.figure.data)
+    # the fleet run has none: the page says how to make them
+    [text] = whatif.sections(con, View(report_store["fleet"]))
+    assert "bprof whatif" in text.text
