@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bprof.errors import DeviceError
-from bprof.replay.plan import CollItem, spread_of
+from bprof.replay.plan import COLLECTIVE_VARIANTS, CollItem, resized_calls, spread_of
 from bprof.replay.results import ReplayResult, classify, judge, samples_result
 
 # nccl-tests bus-bandwidth factors (n = ranks), as collperf uses them
@@ -33,8 +33,10 @@ DTYPES = {"float": "float32", "float32": "float32", "double": "float64", "bfloat
 
 
 def replay_collectives(items: list[CollItem], *, device: str, repeats: int, max_ranks: int | None,
-                       num_threads: int | None, bucket: bool, min_time_s: float = 0.02, timeout_s: float = 300) -> list[ReplayResult]:
-    """Baseline replays of each item, plus the one-bucket variant of storms, in one process group per group size."""
+                       num_threads: int | None, variants: tuple[str, ...] = COLLECTIVE_VARIANTS, min_time_s: float = 0.02,
+                       timeout_s: float = 300) -> list[ReplayResult]:
+    """Baseline replays of each item, plus its message-size variants (plan.COLLECTIVE_VARIANTS: the same
+    bytes per step in other calls), timed interleaved in one process group per group size."""
     limit = max_ranks or (os.cpu_count() or 2)
     if device == "cuda":
         import torch
@@ -55,8 +57,10 @@ def replay_collectives(items: list[CollItem], *, device: str, repeats: int, max_
         programs = {}
         for k, item in enumerate(group):
             programs[f"{k}:baseline"] = [(item.op, item.dtype, e) for e in item.elems]
-            if item.kind == "collective_storm" and bucket:
-                programs[f"{k}:bucket"] = [(item.op, item.dtype, sum(item.elems))]
+            for variant in variants:
+                calls = resized_calls(variant, item.kind, item.elems)
+                if calls is not None:
+                    programs[f"{k}:{variant}"] = [(item.op, item.dtype, e) for e in calls]
         timings = run_group(programs, size, device=device, repeats=repeats, num_threads=num_threads, timeout_s=timeout_s,
                             min_time_s=min_time_s)
         for k, item in enumerate(group):
@@ -67,11 +71,16 @@ def replay_collectives(items: list[CollItem], *, device: str, repeats: int, max_
             base.busbw_bytes_per_s = _busbw(item, sum(item.elems), size, base.replayed_ns)
             base.classification = classify(item.traced_ns, base.replayed_samples_ns)
             results.append(base)
-            if f"{k}:bucket" in timings:
-                v = samples_result(_base(item, device, num_threads), timings[f"{k}:bucket"])
-                v.variant, v.replayed_group_size, v.baseline_ns = "bucket", size, base.replayed_ns
-                v.reason = f"the step's {len(item.elems)} calls fused into one all_reduce of {sum(item.elems):,} elements"
-                v.speedup, v.verdict = judge(timings[f"{k}:bucket"], timings[f"{k}:baseline"])
+            for variant in variants:
+                if f"{k}:{variant}" not in timings:
+                    continue
+                calls = [e for _, _, e in programs[f"{k}:{variant}"]]
+                v = samples_result(_base(item, device, num_threads), timings[f"{k}:{variant}"])
+                v.variant, v.replayed_group_size, v.baseline_ns = variant, size, base.replayed_ns
+                v.shapes = calls
+                v.reason = (f"the same {sum(item.elems):,} elements per step in {len(calls)} {item.op} call(s) "
+                            f"instead of {len(item.elems)}")
+                v.speedup, v.verdict = judge(timings[f"{k}:{variant}"], timings[f"{k}:baseline"])
                 v.busbw_bytes_per_s = _busbw(item, sum(item.elems), size, v.replayed_ns)
                 results.append(v)
     return results

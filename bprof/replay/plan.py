@@ -52,6 +52,26 @@ class OpItem:
         return json.dumps([self.kind, self.name, self.dims, self.types, self.strides, self.concrete, self.loop_len])
 
 
+# Collective fix variants, each the same bytes per step in messages of another size:
+# bucket: a storm's calls fused into one (one DDP bucket); msg4x: every 4 consecutive calls of a
+# storm fused (a bucket_cap_mb 4x larger); split4: each call cut into 4 (messages a quarter the size).
+COLLECTIVE_VARIANTS = ("bucket", "msg4x", "split4")
+
+
+def resized_calls(variant: str, kind: str, elems: list[int]) -> list[int] | None:
+    """The elements of each call under a message-size variant; None where it does not apply (bucket
+    and msg4x need a storm of calls; split4 a message of at least 4 elements)."""
+    if variant == "bucket":
+        return [sum(elems)] if kind == "collective_storm" else None
+    if variant == "msg4x":
+        return [sum(elems[i:i + 4]) for i in range(0, len(elems), 4)] if kind == "collective_storm" else None
+    if variant == "split4":
+        if min(elems) < 4:
+            return None
+        return [part for e in elems for part in (e // 4 + (i < e % 4) for i in range(4))]
+    raise ValueError(f"not a collective variant: {variant}")
+
+
 @dataclass(frozen=True)
 class CollItem:
     """One collective signature (op, dtype, elements, group) on one rank, or a storm of them (calls)."""

@@ -33,7 +33,7 @@ class ReplayResult:
     item: str
     item_key: str
     rank: int
-    variant: str                          # baseline, bf16, pad8, pad64, pad128, contiguous, bmm, bucket
+    variant: str                          # baseline, bf16, pad8, pad64, pad128, contiguous, bmm, bucket, msg4x, split4
     status: str                           # replayed, not_rebuildable, not_applicable, failed
     device: str
     reason: str | None = None

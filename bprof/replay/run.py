@@ -11,7 +11,9 @@ from bprof.errors import DeviceError, UsageError
 from bprof.replay.plan import Plan, make_plan
 from bprof.replay.results import ReplayResult, save
 
-VARIANTS = ("bf16", "pad8", "pad64", "pad128", "contiguous", "bmm", "bucket")
+from bprof.replay.plan import COLLECTIVE_VARIANTS
+
+VARIANTS = ("bf16", "pad8", "pad64", "pad128", "contiguous", "bmm", *COLLECTIVE_VARIANTS)
 DEFAULT_VARIANTS = VARIANTS
 
 
@@ -49,7 +51,7 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
     results: list[ReplayResult] = []
     from bprof.replay.ops import intra_op_threads, replay_op
 
-    op_variants = tuple(v for v in options.variants if v != "bucket")
+    op_variants = tuple(v for v in options.variants if v not in COLLECTIVE_VARIANTS)
     with intra_op_threads(torch, plan.intra_op_threads if dev.type == "cpu" else None) as threads:
         for k, item in enumerate(plan.ops):
             say(f"op {k + 1}/{len(plan.ops)}: {item.label}")
@@ -59,7 +61,8 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
 
         say(f"{len(plan.collectives)} collective(s) in a {'nccl' if dev.type == 'cuda' else 'gloo'} process group")
         results += replay_collectives(plan.collectives, device=dev.type, repeats=options.repeats, max_ranks=options.max_ranks,
-                                      num_threads=plan.intra_op_threads, bucket="bucket" in options.variants,
+                                      num_threads=plan.intra_op_threads,
+                                      variants=tuple(v for v in options.variants if v in COLLECTIVE_VARIANTS),
                                       min_time_s=options.min_time_s)
     if traced_on != dev.type:
         for r in results:

@@ -266,7 +266,7 @@ COMMENT ON COLUMN replays.item_kind IS 'op (one op signature), op_loop (a run of
 COMMENT ON COLUMN replays.item IS 'Human label: op and shapes/dtypes, or collective op, dtype, elements and group.';
 COMMENT ON COLUMN replays.item_key IS 'Exact signature as JSON (name, Input Dims, Input type, Input Strides, Concrete Inputs; or op, dtype, elements, group): identifies the item across replays.';
 COMMENT ON COLUMN replays.rank IS 'Rank whose calls the traced times are taken from (op items: all ranks'' calls of the signature).';
-COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm, bucket.';
+COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm; for collectives the same bytes per step in messages of another size: bucket (a storm''s calls fused into one), msg4x (every 4 calls of a storm fused), split4 (each call cut into 4).';
 COMMENT ON COLUMN replays.status IS 'replayed, not_rebuildable (the signature does not say enough to call the op again; reason says why), not_applicable (the variant does not apply), failed (the op or process group failed; reason), or rebuildable (a dry run).';
 COMMENT ON COLUMN replays.reason IS 'Why it was not replayed, or what to know when reading it (the group was larger than this machine runs, what a variant leaves out of its timing).';
 COMMENT ON COLUMN replays.device IS 'Device kind replayed on: cpu or cuda.';
@@ -294,8 +294,9 @@ COMMENT ON COLUMN replays.finding_title IS 'Title of that finding, kept for when
 COMMENT ON COLUMN ci_components.family IS 'partition (breakdown_steps: compute, exposed_wait, exposed_transfer, overlapped_comm, memcpy, idle, other), kernel_class (kernels_classes), phase (phases_steps), idle_cause (idle_causes), comm_dim (breakdown_dims exposed time), straggler (stragglers_ranks lost_ns of a flagged rank), or a work amount of one rank: work_flops (kernels_flops executed FLOPs), work_calls (collectives calls), work_bytes (collectives input bytes).';
 COMMENT ON COLUMN ci_components.value_ns IS 'Nanoseconds per step (median over kept steps; for a straggler its lost_ns); for the work_* families the amount per step on that rank (FLOPs, calls or bytes), median over kept steps.';
 """,
-    # 5 -> 6: the predictions of bprof whatif
+    # 5 -> 6: the predictions of bprof whatif (and the message-size variants of replays.variant)
     5: """
+COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm; for collectives the same bytes per step in messages of another size: bucket (a storm''s calls fused into one), msg4x (every 4 calls of a storm fused), split4 (each call cut into 4).';
 CREATE TABLE whatif (
     run_id INTEGER NOT NULL,
     scenario VARCHAR NOT NULL,

@@ -103,9 +103,13 @@ def test_cli_json_table_findings_and_collectives(planted, tmp_path):
     for r in records:
         assert {"traced_ns", "replayed_ns", "traced_spread_frac", "replayed_spread_frac", "variant", "verdict"} <= r.keys()
     storm = [r for r in records if r["item_kind"] == "collective_storm"]
-    assert {r["variant"] for r in storm} == {"baseline", "bucket"}
+    assert {r["variant"] for r in storm} == {"baseline", "bucket", "msg4x", "split4"}
+    [base] = [r for r in storm if r["variant"] == "baseline"]
     for r in storm:
         assert r["status"] == "replayed" and r["replayed_group_size"] == 2 and r["busbw_bytes_per_s"] > 0
+        assert sum(r["shapes"]) == sum(base["shapes"])   # the same elements per step, in other messages
+    calls = {r["variant"]: len(r["shapes"]) for r in storm}
+    assert calls["bucket"] == 1 and calls["msg4x"] == -(-calls["baseline"] // 4) and calls["split4"] == 4 * calls["baseline"]
     con = open_store(planted)
     try:
         for r in records:  # each record is a row (earlier tests' replays of other items stay beside them)
@@ -153,6 +157,19 @@ def test_replay_without_torch_says_so_in_one_line(tmp_path):
     done = _without_torch(tmp_path, "replay")
     assert done.returncode == 2
     assert done.stderr.strip() == "bprof: error: bprof replay needs torch: pip install 'bprof[capture]'"
+
+
+def test_message_size_variants_keep_the_bytes_per_step():
+    from bprof.replay.plan import resized_calls
+
+    storm = [100, 100, 50, 7, 9, 1000, 3, 3, 4]
+    assert resized_calls("bucket", "collective_storm", storm) == [sum(storm)]
+    assert resized_calls("msg4x", "collective_storm", storm) == [257, 1015, 4]
+    assert resized_calls("split4", "collective", [10]) == [3, 3, 2, 2]
+    assert sum(resized_calls("split4", "collective_storm", storm[:5])) == sum(storm[:5])
+    # what does not apply: a single call cannot be fused, a message under 4 elements not cut
+    assert resized_calls("bucket", "collective", [10]) is None and resized_calls("msg4x", "collective", [10]) is None
+    assert resized_calls("split4", "collective", [3]) is None
 
 
 def test_signatures_that_cannot_be_rebuilt_say_why():
