@@ -1,0 +1,171 @@
+"""How well `bprof whatif` predicts real runs, and how long its replay takes at fleet scale.
+
+    .venv/bin/python benchmarks/whatif_accuracy.py                       # everything (~10 min here)
+    .venv/bin/python benchmarks/whatif_accuracy.py --skip-accuracy --ranks 1024 4096
+    .venv/bin/python benchmarks/whatif_accuracy.py --dir bench-data/whatif --keep
+
+Accuracy (issue 10, (a) and (c); (b), micro-batches, needs a scenario not built yet): records
+examples/train_gpt.py under `bprof record` (torchrun, 2 CPU ranks, gloo, data parallel, steps
+3:9) in four configurations: healthy twice (the run-to-run noise), with an injected straggler
+(--slow-rank 1 --slow-ms SLOW_MS) and with an injected data-loading stall (--dataloader-stall-ms
+STALL_MS). Each is analysed; `no-stragglers` is predicted from the straggler run and
+`no-host-gaps` from the stall run, and each prediction is compared with the measured step of the
+healthy runs (job step: the longest rank's span, median over steps). Because `no-host-gaps`
+also removes the ordinary host gaps (Python between ops) that the healthy run keeps, the healthy
+run's own `no-host-gaps` prediction is printed too: the part of the error that is that definition,
+not the replay.
+
+Scale: bprof.synth.fleet runs (TP8 x PP8 x DP(N/64), 16 micro-batches of 1F1B, one step, rank 333
+1.3x slower) analysed, then `whatif` timed: the unchanged replay alone, and with no-stragglers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SLOW_MS = 300
+STALL_MS = 100
+ARGS = ["--tp", "1", "--dp", "2", "--steps", "10"]
+
+
+def record(out: Path, name: str, extra: list[str]) -> Path:
+    """bprof record of train_gpt.py on 2 CPU ranks into out/<name>.duckdb, analysed."""
+    db = out / f"{name}.duckdb"
+    cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(out / name), "--db", str(db), "--name", name,
+           "--steps", "3:9", "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "examples" / "train_gpt.py"), *ARGS, *extra]
+    for attempt in range(2):  # torch 2.13 + gloo can abort a rank at interpreter exit (README): rerun once
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=out, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode == 0:
+            break
+        shutil.rmtree(out / name, ignore_errors=True)
+        db.unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise SystemExit(f"recording {name} failed:\n{done.stderr[-3000:]}")
+    analysed = subprocess.run([sys.executable, "-m", "bprof.cli.main", "analyze", "--db", str(db), "--json"],
+                              capture_output=True, text=True)
+    if analysed.returncode != 0:
+        raise SystemExit(f"analysing {name} failed:\n{analysed.stderr[-3000:]}")
+    return db
+
+
+def predict(db: Path, scenarios: list[str]) -> list[dict]:
+    from bprof.store.db import open_store
+    from bprof.whatif.run import whatif
+
+    con = open_store(db)
+    try:
+        [(run_id,)] = con.execute("SELECT run_id FROM runs").fetchall()
+        return whatif(con, run_id, scenarios).summaries
+    finally:
+        con.close()
+
+
+def accuracy(out: Path) -> dict:
+    t0 = time.time()
+    dbs = {name: record(out, name, extra) for name, extra in [
+        ("healthy1", []), ("slow", ["--slow-rank", "1", "--slow-ms", str(SLOW_MS)]),
+        ("stall", ["--dataloader-stall-ms", str(STALL_MS)]), ("healthy2", [])]}
+    print(f"recorded and analysed 4 runs in {time.time() - t0:.0f} s", flush=True)
+    healthy = {n: predict(dbs[n], ["no-host-gaps"]) for n in ("healthy1", "healthy2")}
+    measured = [h[0]["measured_step_ns"] for h in healthy.values()]
+    ref = statistics.mean(measured)
+    noise = abs(measured[0] - measured[1]) / ref
+    slow = predict(dbs["slow"], ["no-stragglers"])
+    stall = predict(dbs["stall"], ["no-host-gaps"])
+    res = {"healthy_measured_ns": measured, "noise_frac": noise}
+    for key, summaries in (("a_no_stragglers", slow), ("c_no_host_gaps", stall)):
+        base, pred = summaries
+        res[key] = {"measured_ns": base["measured_step_ns"], "predicted_ns": pred["predicted_step_ns"],
+                    "unchanged_replay_max_error_frac": base["max_error_frac"],
+                    "error_frac": (pred["predicted_step_ns"] - ref) / ref, "assumptions": pred["assumptions"]}
+    res["healthy_no_host_gaps_ns"] = [h[1]["predicted_step_ns"] for h in healthy.values()]
+    print(f"healthy runs: {measured[0] / 1e6:.1f} and {measured[1] / 1e6:.1f} ms per step "
+          f"(run-to-run difference {noise:.1%}); no-host-gaps on them: "
+          + ", ".join(f"{v / 1e6:.1f} ms" for v in res["healthy_no_host_gaps_ns"]))
+    for key, label in (("a_no_stragglers", f"(a) --slow-rank 1 --slow-ms {SLOW_MS}, no-stragglers"),
+                       ("c_no_host_gaps", f"(c) --dataloader-stall-ms {STALL_MS}, no-host-gaps")):
+        r = res[key]
+        print(f"{label}: measured {r['measured_ns'] / 1e6:.1f} ms, predicted {r['predicted_ns'] / 1e6:.1f} ms, "
+              f"healthy {ref / 1e6:.1f} ms: error {r['error_frac']:+.1%} (unchanged replay within "
+              f"{r['unchanged_replay_max_error_frac']:.4%})", flush=True)
+    return res
+
+
+def scale(out: Path, sizes: list[int]) -> dict:
+    from bprof.analyzers import run as analysis
+    from bprof.analyzers.base import Options
+    from bprof.store.db import open_store
+    from bprof.synth.fleet import Fleet, write_fleet
+    from bprof.whatif.run import whatif
+
+    res = {}
+    for n in sizes:
+        con = open_store(out / f"fleet{n}.duckdb")
+        t0 = time.time()
+        truth = write_fleet(con, Fleet(tp=8, pp=8, dp=n // 64, steps=1, slow_rank=333 % n, slow_factor=1.3))
+        analysis.analyze_run(con, truth.run_id, Options(), )
+        setup = time.time() - t0
+        rows = con.execute("SELECT count(*) FROM match_members WHERE run_id = ?", [truth.run_id]).fetchone()[0]
+        times = {}
+        for label, scenarios in (("unchanged", []), ("no_stragglers", ["no-stragglers"])):
+            best = None
+            for _ in range(3):
+                t = time.perf_counter()
+                out_ = whatif(con, truth.run_id, scenarios, write=False)
+                best = min(best or 1e9, time.perf_counter() - t)
+            times[label] = best
+        summary = out_.summaries
+        res[n] = {"member_rows": rows, "seconds": times, "setup_s": setup,
+                  "max_error_frac": summary[0]["max_error_frac"], "delta_frac": summary[1]["delta_frac"],
+                  "truth_delta_frac": (truth.healthy_step_ns[0] - truth.step_ns[0]) / truth.step_ns[0]}
+        print(f"{n:,} ranks ({rows:,} member rows, one step): whatif unchanged {times['unchanged']:.2f} s, "
+              f"with no-stragglers {times['no_stragglers']:.2f} s (best of 3; store written and analysed in {setup:.0f} s); "
+              f"unchanged error {summary[0]['max_error_frac']:.4%}; no-stragglers {res[n]['delta_frac']:+.2%} "
+              f"(truth {res[n]['truth_delta_frac']:+.2%})", flush=True)
+        con.close()
+    base = sizes[0]
+    for n in sizes[1:]:
+        print(f"{n:,} vs {base:,} ranks: rows x{res[n]['member_rows'] / res[base]['member_rows']:.1f}, "
+              f"time x{res[n]['seconds']['unchanged'] / res[base]['seconds']['unchanged']:.1f}")
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    a = ap.parse_args()
+    out = a.dir or Path(tempfile.mkdtemp(prefix="bprof-whatif-"))
+    out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    try:
+        if not a.skip_accuracy:
+            results["accuracy"] = accuracy(out)
+        if not a.skip_scale:
+            results["scale"] = scale(out, a.ranks)
+    finally:
+        if not a.keep:
+            shutil.rmtree(out, ignore_errors=True)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
