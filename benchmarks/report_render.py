@@ -6,7 +6,7 @@ the same server in the same run of this script (this machine is shared and noisy
     .venv/bin/python benchmarks/report_render.py --screenshots docs/report   # also one PNG per page
 
 Builds one store in a temporary folder: the synthetic 8-GPU run (`python -m bprof.synth`, tp2 pp2
-dp2, two hosts; the baseline) and a fleet run of --ranks ranks (bprof.synth.fleet: TP8 x PP4 x DP,
+dp2, two hosts; the baseline; also given to `bprof whatif`) and a fleet run of --ranks ranks (bprof.synth.fleet: TP8 x PP4 x DP,
 4 micro-batches, 3 steps, one slow rank), both analysed. Then `bprof report --serve` over it and a
 headless Chromium (Debian's chromium + chromedriver through Selenium) with its cache disabled loads
 /overview of each run alternately, --repeats times.
@@ -48,6 +48,8 @@ def build_store(folder: Path, ranks: int) -> tuple[Path, int, int]:
     subprocess.run([*bprof, "ingest", str(folder / "synthetic"), "--db", str(db), "--name", "synthetic-8"],
                    check=True, capture_output=True, cwd=ROOT)
     subprocess.run([*bprof, "analyze", "synthetic-8", "--db", str(db)], check=True, capture_output=True, cwd=ROOT)
+    subprocess.run([*bprof, "whatif", "synthetic-8", "--db", str(db), "--scenario", "no-host-gaps", "--scenario",
+                    "perfect-overlap", "--scenario", "scale:gemm=0.8"], check=True, capture_output=True, cwd=ROOT)
     con = open_store(db)
     t0 = time.perf_counter()
     truth = write_fleet(con, Fleet(tp=8, pp=4, dp=ranks // 32, microbatches=4, steps=3, tp_per_forward=6,
