@@ -45,7 +45,8 @@ def main() -> None:
           "--tp", "1", "--dp", "2", "--steps", "7", "--no-bucket", "--transposed-matmul", "--matmul-loop", cwd=out)
     bprof("analyze", "--db", str(db), "--json", cwd=out)
     top = json.loads(bprof("replay", "--db", str(db), "--top", str(a.top), "--repeats", str(a.repeats),
-                           "--variant", "bf16", "--variant", "bucket", "--variant", "bmm", "--json", cwd=out))
+                           "--variant", "bf16", "--variant", "bucket", "--variant", "msg4x", "--variant", "split4", "--variant", "bmm",
+                           "--json", cwd=out))
     planted = json.loads(bprof("replay", "--db", str(db), "--op", "aten::matmul", "--top", "1", "--repeats", str(a.repeats),
                                "--variant", "contiguous", "--json", cwd=out))
     ops = [r for r in top if r["item_kind"] == "op" and r["variant"] == "baseline" and r["status"] == "replayed"]
