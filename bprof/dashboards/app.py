@@ -9,6 +9,7 @@ names) goes into components as text, which React escapes; no query is built from
 from __future__ import annotations
 
 import sys
+import tempfile
 import traceback
 from importlib import resources
 from pathlib import Path
@@ -19,7 +20,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from bprof.dashboards.pages import PAGES, page_for
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import rank_choices, run_ids, steps
-from bprof.dashboards.sections import Chart, Link, Numbers, Section, Table, Text, View, view_from_query
+from bprof.dashboards.sections import Chart, Download, Link, Numbers, Section, Table, Text, View, view_from_query
 from bprof.errors import BprofError
 from bprof.store.db import open_store
 
@@ -55,6 +56,7 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
             _control("base", "compare with", dcc.Dropdown(id="base")),
         ]),
         html.Main(dcc.Loading(html.Div(id="page"), delay_show=300)),
+        dcc.Download(id="download"),
     ])
 
     def rank_labels(con, run, chosen, typed) -> list[dict]:
@@ -126,6 +128,24 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
             return html.P(f"internal error drawing this page: {type(exc).__name__}: {exc}", className="warning",
                           id="page-error")
 
+    @app.callback(Output("download", "data"), Output("download-message", "children"), Input("download-button", "n_clicks"),
+                  State("download-spec", "data"), prevent_initial_call=True)
+    def download(clicks, spec):
+        """A Download section's file, made now from the store (read-only) and sent once."""
+        if not clicks or not spec or spec.get("kind") != "perfetto":
+            return no_update, no_update
+        from bprof.dashboards.perfetto import export_perfetto
+
+        p = spec["params"]
+        try:
+            with tempfile.TemporaryDirectory(prefix="bprof-report-") as tmp, _connect(db) as con:
+                path = Path(tmp) / spec["filename"]
+                written = export_perfetto(con, int(p["run"]), path, step=int(p["step"]), ranks=[int(r) for r in p["ranks"]])
+                data = dcc.send_bytes(path.read_bytes(), spec["filename"])
+        except BprofError as exc:
+            return no_update, f"cannot export: {exc}"
+        return data, f"{written['events']:,} events, {written['flows']:,} collectives linked"
+
     return app
 
 
@@ -155,6 +175,11 @@ def render(sections: list[Section]) -> list:
                 *([html.P(s.note, className="note")] if s.note else [])]))
         elif isinstance(s, Text):
             out.append(html.P(s.text, id=s.key, className=s.kind))
+        elif isinstance(s, Download):
+            out.append(html.Div(id=s.key, className="section", children=[
+                html.Button(s.label, id="download-button", n_clicks=0),
+                html.Span(id="download-message", className="note"),
+                dcc.Store(id="download-spec", data={"kind": s.kind, "filename": s.filename, "params": s.params})]))
     return out
 
 

@@ -15,7 +15,7 @@ from bprof.dashboards.app import MAX_TABLE_ROWS, css
 from bprof.dashboards.pages import PAGES
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import run_info
-from bprof.dashboards.sections import Chart, Link, Numbers, Section, Table, Text, View
+from bprof.dashboards.sections import Chart, Download, Link, Numbers, Section, Table, Text, View
 
 
 def export_html(con: duckdb.DuckDBPyConnection, run_id: int, path: Path) -> dict:
@@ -62,6 +62,8 @@ def _section(s: Section) -> str:
         return f'<div class="section" id="{_e(s.key)}">{div}{note}</div>'
     if isinstance(s, Text):
         return f'<p class="{_e(s.kind)}" id="{_e(s.key)}">{_e(s.text)}</p>'
+    if isinstance(s, Download):   # made on request by the server; the file has no server
+        return ""
     raise TypeError(f"not a report section: {s!r}")
 
 

@@ -57,7 +57,18 @@ class Text:
     kind: str = "note"   # note or warning
 
 
-Section = Numbers | Table | Chart | Text
+@dataclass(frozen=True)
+class Download:
+    """A file the served report makes on request: `kind` perfetto is `bprof export --perfetto` of
+    `params` (run, step, ranks). The static export shows the label only."""
+    key: str
+    label: str
+    filename: str
+    kind: str
+    params: dict
+
+
+Section = Numbers | Table | Chart | Text | Download
 
 
 @dataclass(frozen=True)

@@ -173,3 +173,32 @@ def test_a_findings_evidence_link_opens_its_ranks_and_step_in_the_timeline(drive
         driver.find_element("id", "nav-ranks").click()
         wait_for(driver, "#rank-steps h3", text=f"Steps of rank {ranks[0]}")
     assert console_errors(driver) == []
+
+
+def test_the_timeline_downloads_its_step_as_a_perfetto_trace(report_store, tmp_path):
+    """The button on the timeline page sends `bprof export --perfetto` of the shown step and ranks."""
+    import gzip
+    import time
+
+    d = new_driver()
+    try:
+        d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(tmp_path)})
+        with serving(report_store["db"], str(report_store["synthetic"])) as url:
+            open_page(d, url + "/timeline?ranks=0,1,5&step=6")
+            wait_for(d, "#timeline .gtitle", text="Step 6 on ranks 0, 1, 5 ")
+            d.find_element("id", "download-button").click()
+            wait_for(d, "#download-message", text="events")
+            deadline = time.monotonic() + 60
+            while not list(tmp_path.glob("*.json.gz")) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert console_errors(d) == []
+    finally:
+        d.quit()
+    [got] = list(tmp_path.glob("*.json.gz"))
+    assert got.name == f"bprof-run{report_store['synthetic']}-step6.json.gz"
+    trace = json.loads(gzip.decompress(got.read_bytes()))
+    assert trace["bprofExport"]["step"] == 6 and [r["rank"] for r in trace["bprofExport"]["ranks"]] == [0, 1, 5]
+    assert {e["pid"] for e in trace["traceEvents"]} == {0, 1, 5}
+    from bprof.store.chrome_export import FLOW_CAT
+
+    assert any(e["ph"] == "s" and e["cat"] == FLOW_CAT for e in trace["traceEvents"])   # matched collectives linked
