@@ -14,6 +14,7 @@ MAX_EVENTS_PER_RANK = 1500
 MIN_DUR_FRAC = 1 / 2000
 MAX_RANKS = 16
 
+DRAW_ORDER = {"user_annotation": 0, "cpu_op": 1, "gpu_memcpy": 2, "gpu_memset": 2, "kernel": 3}
 KIND_COLOURS = {"kernel": "#4C78A8", "gpu_memcpy": "#72B7B2", "gpu_memset": "#72B7B2", "cpu_op": "#9ECAE9",
                 "user_annotation": "#B279A2", "collective": "#E45756"}
 
@@ -40,6 +41,7 @@ WITH win AS (
       AND e.ts_ns < w.end_ns AND e.ts_ns + e.dur_ns > w.ts_ns AND e.dur_ns >= w.dur_ns * $min_frac
 )
 SELECT rank, kind, name, lane, start_aligned_ns, dur_ns FROM picked WHERE nth <= $max_events
+ORDER BY dur_ns DESC  -- longest first: nested ranges are drawn under what they contain
 """
 
 _MEMBERS = """
@@ -70,7 +72,8 @@ def fig_timeline(con: duckdb.DuckDBPyConnection, run_id: int, step: int, ranks: 
     if not ev.empty:
         ev["lane_label"] = "r" + ev["rank"].astype(str) + " " + ev["lane"]
         lanes += sorted(set(ev["lane_label"]), key=lambda s: (int(s.split()[0][1:]), s))
-        for kind, part in ev.groupby("kind", sort=True):
+        # ranges (the step annotation) behind the ops they contain, ops behind nothing
+        for kind, part in sorted(ev.groupby("kind", sort=False), key=lambda kp: DRAW_ORDER.get(kp[0], 9)):
             fig.add_bar(base=(part["start_aligned_ns"] - origin) / 1e6, x=part["dur_ns"] / 1e6, y=part["lane_label"],
                         orientation="h", name=kind, marker_color=KIND_COLOURS.get(kind, "#888"), customdata=part["name"],
                         hovertemplate="%{customdata}<br>%{base:.3f} ms + %{x:.3f} ms<extra>" + kind + "</extra>")
