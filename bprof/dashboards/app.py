@@ -136,12 +136,17 @@ def create_app(db: Path, run_id: int | None = None) -> Dash:
             return no_update, no_update
         from bprof.dashboards.perfetto import export_perfetto
 
-        p = spec["params"]
+        try:
+            # the spec comes back from the browser: only its numbers are used, the file name is made here
+            run, step, chosen = int(spec["params"]["run"]), int(spec["params"]["step"]), [int(r) for r in spec["params"]["ranks"]]
+        except (KeyError, TypeError, ValueError):
+            return no_update, "cannot export: not a run, step and ranks"
+        filename = f"bprof-run{run}-step{step}.json.gz"
         try:
             with tempfile.TemporaryDirectory(prefix="bprof-report-") as tmp, _connect(db) as con:
-                path = Path(tmp) / spec["filename"]
-                written = export_perfetto(con, int(p["run"]), path, step=int(p["step"]), ranks=[int(r) for r in p["ranks"]])
-                data = dcc.send_bytes(path.read_bytes(), spec["filename"])
+                path = Path(tmp) / filename
+                written = export_perfetto(con, run, path, step=step, ranks=chosen)
+                data = dcc.send_bytes(path.read_bytes(), filename)
         except BprofError as exc:
             return no_update, f"cannot export: {exc}"
         return data, f"{written['events']:,} events, {written['flows']:,} collectives linked"
@@ -179,7 +184,7 @@ def render(sections: list[Section]) -> list:
             out.append(html.Div(id=s.key, className="section", children=[
                 html.Button(s.label, id="download-button", n_clicks=0),
                 html.Span(id="download-message", className="note"),
-                dcc.Store(id="download-spec", data={"kind": s.kind, "filename": s.filename, "params": s.params})]))
+                dcc.Store(id="download-spec", data={"kind": s.kind, "params": s.params})]))
     return out
 
 

@@ -60,10 +60,10 @@ class Text:
 @dataclass(frozen=True)
 class Download:
     """A file the served report makes on request: `kind` perfetto is `bprof export --perfetto` of
-    `params` (run, step, ranks). The static export shows the label only."""
+    `params` (run, step, ranks), sent as bprof-run<run>-step<step>.json.gz. The static export
+    leaves it out (a file has no server)."""
     key: str
     label: str
-    filename: str
     kind: str
     params: dict
 

@@ -25,8 +25,7 @@ def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
                                            "stayed on the training hosts, so there is no Perfetto trace to make here"))
         return out
     out.append(Download("timeline-perfetto", f"Download step {view.step} of these ranks as a Perfetto trace (every event)",
-                        f"bprof-run{view.run_id}-step{view.step}.json.gz", "perfetto",
-                        {"run": view.run_id, "step": view.step, "ranks": list(view.ranks)}))
+                        "perfetto", {"run": view.run_id, "step": view.step, "ranks": list(view.ranks)}))
     out.append(Text("timeline-export", f"the same from the command line: bprof export {view.run_id} --perfetto FILE "
                                        f"--step {view.step} --ranks {ranks}  (opens in ui.perfetto.dev)"))
     return out
