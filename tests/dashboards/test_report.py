@@ -173,3 +173,26 @@ def test_whatif_page_shows_the_stored_predictions(con, report_store):
     # the fleet run has none: the page says how to make them
     [text] = whatif.sections(con, View(report_store["fleet"]))
     assert "bprof whatif" in text.text
+
+
+def test_the_download_trusts_only_three_integers_from_the_browser(report_store, tmp_path):
+    """The download's spec travels through the browser: a forged one (a path for a name, SQL for a
+    run) gets a one-line refusal, and the file name is always made by the server."""
+    import requests
+
+    from tests.dashboards.browser import serving
+
+    planted = tmp_path / "pwned.json.gz"
+    spec = {"kind": "perfetto", "filename": str(planted), "params": {"run": "1 OR 1=1", "step": 6, "ranks": [0]}}
+    body = {"output": "..download.data...download-message.children..",
+            "outputs": [{"id": "download", "property": "data"}, {"id": "download-message", "property": "children"}],
+            "inputs": [{"id": "download-button", "property": "n_clicks", "value": 1}],
+            "state": [{"id": "download-spec", "property": "data", "value": spec}],
+            "changedPropIds": ["download-button.n_clicks"]}
+    with serving(report_store["db"]) as url:
+        refused = requests.post(url + "/_dash-update-component", json=body, timeout=60).json()["response"]
+        spec["params"]["run"] = report_store["synthetic"]
+        sent = requests.post(url + "/_dash-update-component", json=body, timeout=60).json()["response"]
+    assert refused == {"download-message": {"children": "cannot export: not a run, step and ranks"}}
+    assert sent["download"]["data"]["filename"] == f"bprof-run{report_store['synthetic']}-step6.json.gz"
+    assert not planted.exists()
