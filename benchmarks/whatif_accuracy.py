@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/whatif_accuracy.py                       # everything (~10 min here)
     .venv/bin/python benchmarks/whatif_accuracy.py --skip-accuracy --ranks 1024 4096
     .venv/bin/python benchmarks/whatif_accuracy.py --dir bench-data/whatif --keep
+    .venv/bin/python benchmarks/whatif_accuracy.py --skip-scale --cases b      # (b) alone
 
-Accuracy (issue 10, (a) and (c); (b), micro-batches, needs a scenario not built yet): records
-examples/train_gpt.py under `bprof record` (torchrun, 2 CPU ranks, gloo, data parallel, steps
-3:9) in four configurations: healthy twice (the run-to-run noise), with an injected straggler
+Accuracy (issue 10, (a), (b) and (c)). (a), (c): records examples/train_gpt.py under `bprof
+record` (torchrun, 2 CPU ranks, gloo, data parallel, steps 3:9) in four configurations: healthy twice (the run-to-run noise), with an injected straggler
 (--slow-rank 1 --slow-ms SLOW_MS) and with an injected data-loading stall (--dataloader-stall-ms
 STALL_MS). Each is analysed; `no-stragglers` is predicted from the straggler run and
 `no-host-gaps` from the stall run, and each prediction is compared with the measured step of the
@@ -14,6 +14,11 @@ healthy runs (job step: the longest rank's span, median over steps). Because `no
 also removes the ordinary host gaps (Python between ops) that the healthy run keeps, the healthy
 run's own `no-host-gaps` prediction is printed too: the part of the error that is that definition,
 not the replay.
+
+(b): the same trainer as a 2-stage pipeline (`--pp 2 --dp 1`, 1F1B, the same --batch) with 4
+micro-batches, recorded twice (first and last: the noise), and with 8; `microbatches=8` is
+predicted from each 4-micro-batch run and compared with the 8-micro-batch run's measured step
+(and `microbatches=4` from the 8-micro-batch run, the other way).
 
 Scale: bprof.synth.fleet runs (TP8 x PP8 x DP(N/64), 16 micro-batches of 1F1B, one step, rank 333
 1.3x slower) analysed, then `whatif` timed: the unchanged replay alone, and with no-stragglers.
@@ -71,6 +76,38 @@ def predict(db: Path, scenarios: list[str]) -> list[dict]:
         return whatif(con, run_id, scenarios).summaries
     finally:
         con.close()
+
+
+PP_ARGS = ["--dp", "1", "--pp", "2"]  # after ARGS: --dp 1 overrides
+
+
+def pipeline(out: Path) -> dict:
+    """(b): microbatches=8 predicted from two 4-micro-batch pipeline runs against a recorded 8."""
+    t0 = time.time()
+    dbs = {name: record(out, name, [*PP_ARGS, "--microbatches", str(m)])
+           for name, m in [("pp_mb4_1", 4), ("pp_mb8", 8), ("pp_mb4_2", 4)]}
+    print(f"recorded and analysed 3 pipeline runs in {time.time() - t0:.0f} s", flush=True)
+    four = {n: predict(dbs[n], ["microbatches=4", "microbatches=8"]) for n in ("pp_mb4_1", "pp_mb4_2")}
+    eight = predict(dbs["pp_mb8"], ["microbatches=8", "microbatches=4"])
+    measured4 = [f[0]["measured_step_ns"] for f in four.values()]
+    measured8 = eight[0]["measured_step_ns"]
+    ref4 = statistics.mean(measured4)
+    res = {"mb4_measured_ns": measured4, "mb8_measured_ns": measured8,
+           "mb4_noise_frac": abs(measured4[0] - measured4[1]) / ref4,
+           "mb4_reproduced": [f[1]["predicted_step_ns"] == f[0]["measured_step_ns"] for f in four.values()],
+           "mb8_from_mb4_ns": [f[2]["predicted_step_ns"] for f in four.values()],
+           "mb8_from_mb4_error_frac": [(f[2]["predicted_step_ns"] - measured8) / measured8 for f in four.values()],
+           "mb4_from_mb8_ns": eight[2]["predicted_step_ns"],
+           "mb4_from_mb8_error_frac": (eight[2]["predicted_step_ns"] - ref4) / ref4,
+           "unchanged_replay_max_error_frac": max(x[0]["max_error_frac"] for x in [*four.values(), eight]),
+           "assumptions": eight[2]["assumptions"]}
+    print(f"(b) pp2 1F1B: 4 micro-batches measured {measured4[0] / 1e6:.1f} and {measured4[1] / 1e6:.1f} ms "
+          f"(run-to-run difference {res['mb4_noise_frac']:.1%}), 8 measured {measured8 / 1e6:.1f} ms; "
+          "microbatches=8 predicted " + ", ".join(f"{p / 1e6:.1f} ms ({e:+.1%})" for p, e in
+                                                zip(res["mb8_from_mb4_ns"], res["mb8_from_mb4_error_frac"]))
+          + f"; microbatches=4 from the 8-run {res['mb4_from_mb8_ns'] / 1e6:.1f} ms ({res['mb4_from_mb8_error_frac']:+.1%} "
+          f"vs the 4-runs' mean); microbatches=4 on the 4-runs reproduces them: {res['mb4_reproduced']}", flush=True)
+    return res
 
 
 def accuracy(out: Path) -> dict:
@@ -148,6 +185,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--skip-scale", action="store_true")
+    ap.add_argument("--cases", default="a,b,c", help="accuracy cases to run: a and c (data parallel), b (pipeline)")
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -156,8 +194,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     try:
-        if not a.skip_accuracy:
+        cases = set(a.cases.split(","))
+        if not a.skip_accuracy and cases & {"a", "c"}:
             results["accuracy"] = accuracy(out)
+        if not a.skip_accuracy and "b" in cases:
+            results["pipeline"] = pipeline(out)
         if not a.skip_scale:
             results["scale"] = scale(out, a.ranks)
     finally:

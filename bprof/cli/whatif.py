@@ -25,7 +25,9 @@ def whatif(
     scenario: Optional[List[str]] = typer.Option(
         None, "--scenario", "-s",
         help="A scenario, parts joined by '+' and applied in order: no-stragglers, no-host-gaps, perfect-overlap, "
-             "scale:<kernel class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree] (repeatable)."),
+             "scale:<kernel class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree], "
+             "microbatches=<M> (a pipeline run with M micro-batches of the same size; applied after the other parts) "
+             "(repeatable)."),
     db: Path = DbOption,
     as_json: bool = JsonOption,
 ) -> None:

@@ -82,12 +82,12 @@ def whatif(con: duckdb.DuckDBPyConnection, run_id: int, scenarios: list[str], *,
         start = m.g.span_start_ns
         for res in results:
             s = State.measured(m)
-            for p in res.parts:
+            for p in sorted(res.parts, key=lambda p: p.late):  # stable: the others in order, then the late ones
                 p.apply(con, run_id, m, s)
             r = replay(m.g, s.work, s.tail, s.exit_after)
             res.rank.append(m.g.span_rank)
             res.step.append(m.step)
-            res.predicted_ns.append(r.end_ns - start)
+            res.predicted_ns.append(r.end_ns + s.end_delta - start)
             res.measured_ns.append(m.measured_ns)
     mfu = _metric(con, run_id, "mfu_frac")
     summaries = [r.summary(mfu) for r in results]

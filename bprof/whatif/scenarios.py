@@ -26,6 +26,10 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   all_to_all, gather, scatter (n-1)a + (n-1)/n S/B; broadcast, reduce (n-1)a + S/B; p2p, send,
   recv a + S/B; barrier 2(n-1)a. Tree: all_reduce 2 ceil(log2 n) a + 2(n-1)/n S/B, broadcast and
   reduce ceil(log2 n) a + S/B, the others as ring. Instances of unknown size keep their transfer.
+- `microbatches=M`: a pipeline run with M micro-batches of the same size (bprof.whatif.pipeline:
+  a chunk-level model of the measured stages replayed with m and with M micro-batches; its change
+  of each stage's end is added to the replayed step). It changes the step's shape, so it applies
+  after the other parts, whatever its place, on the work they leave.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from bprof.errors import UsageError
 from bprof.kernels.classify import FINE_CLASSES, classify_many
 from bprof.whatif.graph import StepModel, matched_time
 from bprof.whatif.peers import PeerStep
+from bprof.whatif.pipeline import Pipeline, stage_ends, stage_times
 
 
 @dataclasses.dataclass
@@ -51,16 +56,19 @@ class State:
     work: np.ndarray
     tail: np.ndarray
     exit_after: np.ndarray
+    end_delta: np.ndarray  # per span rank: added to its replayed end (a change of the step's shape)
 
     @classmethod
     def measured(cls, m: StepModel) -> "State":
-        return cls(m.work.copy(), m.tail.copy(), m.exit_after.copy())
+        return cls(m.work.copy(), m.tail.copy(), m.exit_after.copy(), np.zeros(len(m.tail), dtype=np.int64))
 
 
 class Part:
-    """One scenario part: `apply` changes the state of one step; `assumption` says what it assumed."""
+    """One scenario part: `apply` changes the state of one step; `assumption` says what it assumed.
+    A `late` part changes the step's shape: it applies after the others."""
 
     text: str
+    late = False
 
     def prepare(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
         """Look up what the part needs once per run (names of a class)."""
@@ -186,6 +194,43 @@ class CollectiveModel(Part):
                 f"instances of unknown size keep their measured transfer")
 
 
+@dataclasses.dataclass
+class MicroBatches(Part):
+    num_microbatches: int
+    pipe: Pipeline | None = None
+    steps_unmodelled: int = 0
+    late = True
+
+    @property
+    def text(self):
+        return f"microbatches={self.num_microbatches}"
+
+    def prepare(self, con, run_id):
+        self.pipe = Pipeline.of_run(con, run_id, self.text)
+
+    def apply(self, con, run_id, m, s):
+        t = stage_times(m, self.pipe, s.work, s.exit_after)
+        if t is None:
+            self.steps_unmodelled += 1
+            return
+        delta = stage_ends(t, self.pipe.schedule, self.num_microbatches) - stage_ends(t, self.pipe.schedule, self.pipe.num_microbatches)
+        in_pipe = (m.stage >= 0) & (m.stage < len(delta))
+        s.end_delta = s.end_delta + np.where(in_pipe, delta[np.clip(m.stage, 0, len(delta) - 1)], 0)
+
+    def assumption(self):
+        p = self.pipe
+        text = (f"{self.text}: the run's {p.schedule} pipeline of {p.num_stages} stages with {p.num_microbatches} "
+                f"micro-batches of the same size; per stage, a micro-batch's forward + backward = its busy time between "
+                f"its first and last send/recv (minus time blocked in recvs) / the micro-batches in it, split 1:2, recv "
+                f"transfer its median, the work before and after (data loading, optimizer, gradient sync) as measured; "
+                f"sends do not hold their sender; each rank's step changes by its stage's change in that model replayed "
+                f"with {p.num_microbatches} and {self.num_microbatches} micro-batches (bprof/whatif/pipeline.py); "
+                f"applied after the other parts")
+        if self.steps_unmodelled:
+            text += f"; {self.steps_unmodelled} steps without send/recv on every stage unchanged"
+        return text
+
+
 _RING_STEPS = {"all_reduce": (2.0, 2.0), "all_gather": (1.0, 1.0), "reduce_scatter": (1.0, 1.0), "all_to_all": (1.0, 1.0),
                "gather": (1.0, 1.0), "scatter": (1.0, 1.0)}
 
@@ -266,5 +311,10 @@ def _part(p: str) -> Part:
         if algo not in ("ring", "tree"):
             raise UsageError(f"scenario {p!r}: algo must be ring or tree, got {algo!r}")
         return CollectiveModel(float(fields["bw"]), float(fields["lat"]), algo)
+    if p.startswith("microbatches"):
+        _, eq, count = p.partition("=")
+        if not eq or not re.fullmatch(r"[0-9]+", count) or int(count) < 1:
+            raise UsageError(f"scenario {p!r}: expected microbatches=<count of 1 or more>, e.g. microbatches=8")
+        return MicroBatches(int(count))
     raise UsageError(f"unknown scenario {p!r}: expected no-stragglers, no-host-gaps, perfect-overlap, "
-                     "scale:<class or op>=<factor> or coll:bw=<GB/s>,lat=<us>[,algo=ring|tree]")
+                     "scale:<class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree] or microbatches=<M>")

@@ -44,3 +44,14 @@ def test_unchanged_replay_reproduces_every_rank_step(run):
     stored = con.execute("SELECT count(*), max(abs(predicted_ns - measured_ns) / measured_ns) FROM whatif "
                          "WHERE run_id = ? AND scenario = 'unchanged'", [run_id]).fetchone()
     assert stored[0] == 3 * RUNS[name][0] and stored[1] <= 0.001
+
+
+def test_microbatches_on_the_pipeline_run(run):
+    name, con, run_id = run
+    if name != "pp2":
+        pytest.skip("microbatches=M needs a pipeline")
+    out = whatif(con, run_id, ["microbatches=4", "microbatches=8", "microbatches=2"])
+    base, same, more, fewer = out.summaries
+    # the measured count (4) reproduces every rank-step; more micro-batches of positive work take longer
+    assert [p.tolist() for p in out.results[1].predicted_ns] == [m.tolist() for m in out.results[1].measured_ns]
+    assert fewer["predicted_step_ns"] < base["measured_step_ns"] < more["predicted_step_ns"]

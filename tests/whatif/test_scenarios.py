@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bprof.errors import UsageError
-from bprof.whatif.scenarios import CollectiveModel, NoHostGaps, NoStragglers, PerfectOverlap, Scale, collective_ns, parse
+from bprof.whatif.scenarios import CollectiveModel, MicroBatches, NoHostGaps, NoStragglers, PerfectOverlap, Scale, collective_ns, parse
 
 
 def test_parts_are_parsed_in_order():
@@ -12,6 +12,8 @@ def test_parts_are_parsed_in_order():
     assert [type(p) for p in parts] == [NoStragglers, Scale, NoHostGaps, PerfectOverlap, CollectiveModel]
     assert (parts[1].target, parts[1].factor) == ("aten::mm", 0.8)
     assert (parts[4].bw_gbps, parts[4].lat_us, parts[4].algo) == (100.0, 5.0, "tree")
+    [mb] = parse("microbatches=8")
+    assert isinstance(mb, MicroBatches) and mb.num_microbatches == 8 and mb.late
 
 
 @pytest.mark.parametrize("text, message", [
@@ -24,6 +26,10 @@ def test_parts_are_parsed_in_order():
     ("coll:bw=100", "expected coll:"),
     ("coll:bw=0,lat=1", "bw must be above 0"),
     ("coll:bw=1,lat=1,algo=star", "ring or tree"),
+    ("microbatches", "expected microbatches="),
+    ("microbatches=0", "expected microbatches="),
+    ("microbatches=2.5", "expected microbatches="),
+    ("microbatches=many", "expected microbatches="),
 ])
 def test_bad_scenarios_are_usage_errors(text, message):
     with pytest.raises(UsageError, match=message):

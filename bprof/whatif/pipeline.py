@@ -1,0 +1,210 @@
+"""The `microbatches=M` scenario's model: the step of a pipeline run with M micro-batches of the same
+size, from a chunk-level pipeline of its measured stages replayed with the one engine.
+
+Per stage s (median over the stage's ranks; stages from bubbles_stages, the measured micro-batch
+count m and schedule from bubbles_runs), from each rank's own send/recv times in the step:
+- its pipeline section runs from its first send/recv to its last (a send counts at its post, a recv
+  at its end); its busy time there = the section minus the time it is blocked in recvs (post to
+  end). The section holds m forwards and backwards (m-1 on the first stage, whose first forward
+  comes before its first send and last backward after its last recv): u_s = busy / that count is
+  one micro-batch's forward + backward, and forward F_s = u_s / 3, backward B_s = 2 u_s / 3 (the
+  usual 1:2 of their FLOPs; only the fill and drain depend on the split).
+- c_s: the median transfer of its recvs (end after both sides posted: the member's exit after the
+  last arrival); pre_s / post_s: before / after its section (the first stage's less its first
+  forward / last backward): data loading, optimizer, gradient sync stay as measured.
+The model pipeline: each stage runs its chunks in the schedule's order (1F1B: p-1-s warm-up
+forwards, one forward one backward, cool-down backwards; GPipe: all forwards, then all backwards);
+a chunk that needs a neighbour's output first receives it: a join that ends c_s after both the
+send and the recv were posted; a send does not hold its sender (a ghost rank per message carries
+the post time to the join). The engine replays it with m and with M micro-batches; each rank's
+predicted step = its replayed step (the other parts applied) + the model's change of its stage's
+end (M vs m): exact at M = m, and the measured step's own irregularities stay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import duckdb
+import numpy as np
+
+from bprof.errors import UsageError
+from bprof.whatif.engine import StepGraph, replay
+from bprof.whatif.graph import StepModel
+
+FORWARD_SHARE = 1 / 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    num_stages: int
+    num_microbatches: int
+    schedule: str  # 1f1b or gpipe
+
+    @classmethod
+    def of_run(cls, con: duckdb.DuckDBPyConnection, run_id: int, scenario: str) -> "Pipeline":
+        has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'bubbles_runs' AND NOT temporary").fetchone()[0]
+        row = con.execute("SELECT num_stages, num_microbatches, schedule FROM bubbles_runs WHERE run_id = ?",
+                          [run_id]).fetchone() if has else None
+        if row is None or row[0] is None or row[0] < 2 or not row[1]:
+            raise UsageError(f"scenario {scenario!r}: run {run_id} has no pipeline (the bubbles analysis found no "
+                             "stages and micro-batches in its send/recv calls)")
+        if row[1] < 2:
+            raise UsageError(f"scenario {scenario!r}: run {run_id} has {row[1]} micro-batch per step; the model "
+                             "measures a micro-batch's work from at least 2")
+        return cls(int(row[0]), int(row[1]), row[2] or "1f1b")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageTimes:
+    """Per stage (index = stage): start offset, pre, forward, backward, recv transfer, post (ns)."""
+
+    start_ns: np.ndarray
+    pre_ns: np.ndarray
+    forward_ns: np.ndarray
+    backward_ns: np.ndarray
+    transfer_ns: np.ndarray
+    post_ns: np.ndarray
+
+
+def stage_times(m: StepModel, pipe: Pipeline, work: np.ndarray, exit_after: np.ndarray) -> StageTimes | None:
+    """The model's inputs from one step (None when a stage has no rank with send/recv calls). `work`
+    and `exit_after` are the state as the other parts left it: their change inside a rank's section
+    is added to its busy time (work) and, for calls other than recvs, to it as well."""
+    g = m.g
+    op = m.op[g.instance]
+    # a matched send/recv pair is one 'p2p' instance; its sender plays the odd role (graph.sql)
+    p2p = (op == "p2p") | (op == "send") | (op == "recv")
+    is_send = p2p & ((m.role % 2 == 1) | (op == "send"))
+    is_recv = p2p & ~is_send
+    own_end = np.where(is_send, g.arrival_ns, g.end_ns)
+    per_stage: dict[int, list[tuple]] = {}
+    bounds = np.flatnonzero(np.r_[True, g.rank[1:] != g.rank[:-1], True])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        k = g.row_span[lo]
+        s = int(m.stage[k])
+        rows = np.arange(lo, hi)
+        mine = rows[p2p[rows]]
+        if s < 0 or s >= pipe.num_stages or not len(mine):
+            continue
+        start, end = int(g.arrival_ns[mine].min()), int(own_end[mine].max())
+        recv = mine[is_recv[mine]]
+        blocked = int((g.end_ns[recv] - g.arrival_ns[recv]).sum())
+        inside = rows[(g.arrival_ns[rows] >= start) & (g.arrival_ns[rows] <= end)]
+        changed = int((work[inside] - m.work[inside]).sum() + (exit_after[inside] - m.exit_after[inside])[~is_recv[inside]].sum())
+        chunks = pipe.num_microbatches - (1 if s == 0 else 0)
+        u = max(end - start - blocked + changed, 0) / chunks
+        span_start, span_end = int(g.span_start_ns[k]), int(g.span_end_ns[k])
+        pre, post = start - span_start, span_end - end
+        if s == 0:  # its first forward is before its first send, its last backward after its last recv
+            pre, post = pre - FORWARD_SHARE * u, post - (1 - FORWARD_SHARE) * u
+        transfer = np.median(exit_after[recv]) if len(recv) else 0
+        per_stage.setdefault(s, []).append((span_start, max(pre, 0), u, transfer, max(post, 0)))
+    if len(per_stage) < pipe.num_stages:
+        return None
+    med = np.array([np.median(np.array(per_stage[s], dtype=float), axis=0) for s in range(pipe.num_stages)])
+    start = med[:, 0] - med[:, 0].min()
+    return StageTimes(np.rint(start).astype(np.int64), np.rint(med[:, 1]).astype(np.int64),
+                      np.rint(FORWARD_SHARE * med[:, 2]).astype(np.int64), np.rint((1 - FORWARD_SHARE) * med[:, 2]).astype(np.int64),
+                      np.rint(med[:, 3]).astype(np.int64), np.rint(med[:, 4]).astype(np.int64))
+
+
+def order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """(F|B, micro-batch) in the order one stage runs them."""
+    if schedule == "gpipe":
+        return [("F", k) for k in range(microbatches)] + [("B", k) for k in range(microbatches)]
+    warmup = min(stages - 1 - stage, microbatches)
+    out = [("F", k) for k in range(warmup)]
+    for i in range(microbatches - warmup):
+        out += [("F", warmup + i), ("B", i)]
+    return out + [("B", k) for k in range(microbatches - warmup, microbatches)]
+
+
+def stage_ends(t: StageTimes, schedule: str, microbatches: int) -> np.ndarray:
+    """Each stage's replayed end (ns after the earliest stage start) with `microbatches`."""
+    p = len(t.pre_ns)
+    chains: list[list[tuple[int, int, int]]] = [[] for _ in range(p)]  # per rank: (instance, work before, exit after)
+    send_of: dict[tuple[str, int, int], int] = {}  # (chunk, micro-batch, to stage) -> join instance
+    ghosts: list[tuple[int, list[tuple[int, int, int]]]] = []  # (sender stage, chain)
+    n_inst = 0
+    for s in range(p):
+        pending = int(t.pre_ns[s])  # work since the stage's last join
+        for chunk, k in order(schedule, s, p, microbatches):
+            fwd = chunk == "F"
+            src = s - 1 if fwd else s + 1
+            if 0 <= src < p:  # receive the neighbour's output: the join of this message
+                key = (chunk, k, s)
+                if key not in send_of:
+                    send_of[key] = n_inst
+                    n_inst += 1
+                chains[s].append((send_of[key], pending, int(t.transfer_ns[s])))
+                pending = 0
+            pending += int(t.forward_ns[s] if fwd else t.backward_ns[s])
+            dst = s + 1 if fwd else s - 1
+            if 0 <= dst < p:  # post the send: a ghost joins the sender here and the receiver's join later
+                key = (chunk, k, dst)
+                if key not in send_of:
+                    send_of[key] = n_inst
+                    n_inst += 1
+                post = n_inst
+                n_inst += 1
+                chains[s].append((post, pending, 0))
+                pending = 0
+                ghosts.append((s, [(post, 0, 0), (send_of[key], 0, 0)]))
+        chains[s].append((-1, pending, 0))  # the work after the last join: the tail
+    all_chains = chains + [c for _, c in ghosts]
+    ranks = np.arange(len(all_chains))
+    starts = np.r_[t.start_ns, [t.start_ns[s] for s, _ in ghosts]].astype(np.int64)
+    topo = _topological(all_chains, n_inst)
+    inst, rank, work, exit_after, tail = [], [], [], [], np.zeros(len(all_chains), dtype=np.int64)
+    for r, chain in enumerate(all_chains):
+        for i, w, x in chain:
+            if i < 0:
+                tail[r] = w
+                continue
+            inst.append(i), rank.append(r), work.append(w), exit_after.append(x)
+    inst_a = np.asarray(inst, dtype=np.int64)
+    at = topo[inst_a]
+    g = StepGraph.build(inst_a, np.asarray(rank), at, at, ranks, starts, starts, instance_ids=np.arange(n_inst))
+    r = replay(g, np.asarray(work, dtype=np.int64)[g.source_row], tail, np.asarray(exit_after, dtype=np.int64)[g.source_row])
+    return r.end_ns[:p] - starts.min()
+
+
+def _topological(chains: list[list[tuple[int, int, int]]], n_inst: int) -> np.ndarray:
+    """A position per instance such that every chain visits its instances in increasing position:
+    an instance is placed when it heads the remaining chain of every member (Kahn's algorithm)."""
+    members: dict[int, int] = {}
+    for chain in chains:
+        for i, _, _ in chain:
+            if i >= 0:
+                members[i] = members.get(i, 0) + 1
+    heads = [0] * len(chains)
+    waiting = dict.fromkeys(members, 0)
+    position = np.full(n_inst, -1, dtype=np.int64)
+    placed = 0
+    ready = []
+
+    def advance(c):  # chain c's next instance has one more member waiting at it
+        if heads[c] < len(chains[c]) and chains[c][heads[c]][0] >= 0:
+            i = chains[c][heads[c]][0]
+            waiting[i] += 1
+            if waiting[i] == members[i]:
+                ready.append(i)
+
+    for c in range(len(chains)):
+        advance(c)
+    on: dict[int, list[int]] = {}
+    for c, chain in enumerate(chains):
+        for i, _, _ in chain:
+            if i >= 0:
+                on.setdefault(i, []).append(c)
+    while ready:
+        i = ready.pop()
+        position[i] = placed
+        placed += 1
+        for c in on[i]:
+            heads[c] += 1
+            advance(c)
+    if placed != len(members):
+        raise RuntimeError("the pipeline model deadlocked: a recv has no send")
+    return position
