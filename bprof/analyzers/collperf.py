@@ -62,10 +62,11 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
 
 
 def _expert_imbalance(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
-    """MoE all_to_all whose members receive very different byte counts (tokens per expert).
+    """MoE all_to_all whose members receive (dispatch) or send (combine) very different byte counts
+    (tokens per expert).
 
-    lost_ns counts only the all_to_all itself: with every member receiving the mean, the transfer
-    would be bounded by the mean instead of the largest receive, i.e. shorter by transfer_ns x
+    lost_ns counts only the all_to_all itself: with every member receiving and sending the mean, the
+    transfer would be bounded by the mean instead of the largest receive or send, i.e. shorter by transfer_ns x
     imbalance_frac (summed per step, median over steps). The expert compute that the busiest rank
     then runs longer (and its peers wait for) is not counted."""
     rows = con.execute("""
@@ -89,12 +90,13 @@ def _expert_imbalance(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Findi
         lost = int(lost_ns) if lost_ns is not None else None
         findings.append(Finding(
             severity_for(lost, step_ns) if lost is not None and step_ns else "warning",
-            f"Expert imbalance: the busiest rank of group {pg_name} ({pg_desc}) receives {1 / (1 - frac):.2f}x the "
-            f"mean all_to_all bytes",
+            f"Expert imbalance: the busiest rank of group {pg_name} ({pg_desc}) receives or sends "
+            f"{1 / (1 - frac):.2f}x the mean all_to_all bytes",
             "Balance the tokens routed to each expert (auxiliary load-balancing loss, capacity factor, "
             "expert-choice or loss-free balancing routers), or place hot experts on more ranks.",
-            f"Median over {n} all_to_all instances of 1 - mean/max bytes received per member: {frac:.2f}. "
-            "Counterfactual behind lost_ns: every member receives the mean, so each all_to_all is shorter by its "
+            f"Median over {n} all_to_all instances of 1 - mean/max bytes received (or sent, when larger) per member: "
+            f"{frac:.2f}. "
+            "Counterfactual behind lost_ns: every member receives and sends the mean, so each all_to_all is shorter by its "
             "transfer time x that fraction (sum per step, median over steps); the longer expert compute on the "
             "busiest rank, and its peers' wait for it, are not counted.",
             lost, {"pg_name": pg_name, "pg_desc": pg_desc, "ranks": pg_ranks, "steps": steps,

@@ -67,7 +67,7 @@ COMMENT ON COLUMN collperf_instances.spans_hosts IS 'Whether the members are on 
 COMMENT ON COLUMN collperf_instances.link_peak_bytes_per_s IS 'Peak bandwidth per direction of the link the instance crosses: within a host the slowest member device''s NVLink (devices.csv link_bytes_per_s), across hosts the NIC given as bprof analyze --nic-gbps; NULL when unknown (a device without NVLink in the table, a CPU run, no --nic-gbps): never guessed.';
 COMMENT ON COLUMN collperf_instances.busbw_peak_frac IS 'busbw_bytes_per_s / link_peak_bytes_per_s; NULL while the link peak is unknown.';
 COMMENT ON COLUMN collperf_instances.wait_ns IS 'Sum over the members of their wait for the last peer (last arrival - own arrival): rank-time the instance cost in waiting; each wait is in collperf_waits.';
-COMMENT ON COLUMN collperf_instances.member_bytes_imbalance_frac IS 'all_to_all only: 1 - mean / max of the bytes the members receive (out_bytes): 0 when every rank (expert) receives the same, near 1 when one receives almost everything; NULL for other ops or without sizes.';
+COMMENT ON COLUMN collperf_instances.member_bytes_imbalance_frac IS 'all_to_all only: 1 - mean / max of the bytes the members receive (out_bytes) or send (in_bytes), whichever is larger: 0 when every rank (expert) receives and sends the same, near 1 when one receives (a MoE dispatch) or sends (the combine) almost everything; NULL for other ops or without sizes.';
 
 CREATE TABLE IF NOT EXISTS collperf_waits (
     run_id INTEGER NOT NULL,
@@ -162,8 +162,11 @@ WITH hosts AS (
     FROM match_members WHERE run_id = $run_id
     GROUP BY instance_id
 ), a2a AS (
-    -- bytes each member of an all_to_all receives (its tokens, for MoE)
-    SELECT m.instance_id, CASE WHEN max(c.out_bytes) > 0 THEN 1 - avg(c.out_bytes) / max(c.out_bytes) END AS imbalance
+    -- bytes each member of an all_to_all receives and sends (its tokens, for MoE): a dispatch is uneven
+    -- in what the experts receive, the combine that returns the tokens in what they send
+    SELECT m.instance_id,
+        greatest(CASE WHEN max(c.out_bytes) > 0 THEN 1 - avg(c.out_bytes) / max(c.out_bytes) END,
+                 CASE WHEN max(c.in_bytes) > 0 THEN 1 - avg(c.in_bytes) / max(c.in_bytes) END) AS imbalance
     FROM match_members m
     JOIN collectives c ON c.run_id = m.run_id AND c.rank = m.rank AND c.call_index = m.call_index
     WHERE m.run_id = $run_id AND c.op = 'all_to_all'
