@@ -10,10 +10,13 @@ pipeline and gets nothing: no rows, no finding.
 from __future__ import annotations
 
 import json
+import math
 
 import duckdb
+import numpy as np
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
+from bprof.whatif.pipeline import flow_shop_ns
 
 NAME = "bubbles"
 TABLES = ["bubbles_stages", "bubbles_runs"]
@@ -23,6 +26,7 @@ MIN_LOST_FRAC = 0.02
 # Noise is judged on ratios, not on times: the load of a shared machine stretches every stage of a
 # step alike, so step times can vary by half while the stages' ratios and bubble shares hold.
 NOISE_MADS = 3
+SCALE = 8  # busy medians (of medians) are multiples of 1/8 ns: x 8 replays them exactly in integer ns
 
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
@@ -37,11 +41,34 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
             result.findings.append(missing)
         return result
     run = dict(zip(names, row))
+    run["imbalance_lost_ns"] = _imbalance_lost_ns(con, run_id, run)
+    con.execute("UPDATE bubbles_runs SET imbalance_lost_ns = ? WHERE run_id = ?", [run["imbalance_lost_ns"], run_id])
     stages = _stages(con, run_id)
     imbalance = _imbalance_finding(run, stages)
     bubble = _bubble_finding(run, stages, imbalance)
     result.findings += [f for f in (bubble, imbalance, _declared_mismatch(run)) if f]
     return result
+
+
+def _imbalance_lost_ns(con, run_id, run) -> int | None:
+    """What the slowest stage costs, replayed with the what-if engine: m equal micro-batches through
+    the stages, each taking its median busy time / m, against the same with the slowest stage at the
+    median of the others (None without another stage or a micro-batch count).
+
+    The replay runs on the stages' whole busy times (m x the step, integer ns after x SCALE: the
+    medians are multiples of 1/8 ns) and divides at the end, so no rounding per micro-batch."""
+    m, slowest = run["num_microbatches"], run["slowest_stage"]
+    busy = dict(con.execute("""
+        WITH stage_step AS (SELECT stage, step, median(busy_ns) AS busy_ns FROM bubbles_stages WHERE run_id = ? GROUP BY stage, step)
+        SELECT stage, median(busy_ns) FROM stage_step GROUP BY stage ORDER BY stage""", [run_id]).fetchall())
+    others = [v for s, v in busy.items() if s != slowest]
+    if not m or m < 1 or slowest not in busy or not others:
+        return None
+    scaled = {s: round(v * SCALE) for s, v in busy.items()}
+    balanced = {**scaled, slowest: round(float(np.median(others)) * SCALE)}
+    stages = sorted(busy)
+    diff = flow_shop_ns(np.array([scaled[s] for s in stages]), m) - flow_shop_ns(np.array([balanced[s] for s in stages]), m)
+    return int(math.floor(diff / (SCALE * m) + 0.5))
 
 
 def _stages(con, run_id) -> dict[int, dict]:
@@ -66,9 +93,10 @@ def _shape(run) -> str:
 def _imbalance_finding(run, stages) -> Finding | None:
     """The slowest stage, when it costs more than the run's noise.
 
-    Counterfactual: the slowest stage does the median work of the other stages. A pipeline of m
-    equal micro-batches through stages that take t_s each runs a step in T = sum_s t_s + (m-1) max_s t_s
-    ((m+p-1) t for equal stages), t_s = busy_ns / m; lost_ns = T - T(slowest at the others' median).
+    Counterfactual: the slowest stage does the median work of the other stages. m equal micro-batches
+    through stages that take t_s = busy_ns / m each, replayed by the what-if engine (a step of
+    T = sum_s t_s + (m-1) max_s t_s, (m+p-1) t for equal stages); lost_ns = T - T(slowest at the
+    others' median) (_imbalance_lost_ns).
     Reported only when the same stage is the slowest in every analysed step, its ratio's excess over 1
     is above NOISE_MADS x the ratio's MAD over steps, and lost_ns is at least MIN_LOST_FRAC of the step.
     """
@@ -85,9 +113,10 @@ def _imbalance_finding(run, stages) -> Finding | None:
         f"({run['slowest_busy_ns'] / 1e6:.1f} ms of work per step vs {run['median_other_busy_ns'] / 1e6:.1f} ms)",
         f"Move work off stage {s}: give it fewer layers (count the embedding on the first stage and the LM "
         f"head and loss on the last), or split the model by measured stage time rather than by layer count.",
-        f"Counterfactual: stage {s} does the median work of the other stages. The pipeline runs a step at "
-        f"the pace of its slowest stage: T = sum of t + (m-1) x max t over stages, t = a stage's busy time "
-        f"per micro-batch (busy = step span - time waiting for neighbours); the step would be shorter by "
+        f"Counterfactual: stage {s} does the median work of the other stages. The what-if engine replays the "
+        f"pipeline's micro-batches through stages that take t each, t = a stage's busy time per micro-batch "
+        f"(busy = step span - time waiting for neighbours): the step runs at the pace of its slowest stage, "
+        f"T = sum of t + (m-1) x max t; the step would be shorter by "
         f"{lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step, and its ratio to the others "
         f"varies by {mad or 0:.3f} (MAD over steps). Busy ns per stage: {busy}.",
         lost_ns,

@@ -92,7 +92,7 @@ COMMENT ON COLUMN bubbles_runs.median_other_busy_ns IS 'Median over the other st
 COMMENT ON COLUMN bubbles_runs.slowest_ratio IS 'slowest_busy_ns / median_other_busy_ns.';
 COMMENT ON COLUMN bubbles_runs.slowest_ratio_mad IS 'MAD over steps of the per-step ratio (the slowest stage''s busy_ns / the other stages'' median in that step); 0 with one step.';
 COMMENT ON COLUMN bubbles_runs.slowest_every_step IS 'Whether the slowest stage is the slowest in every analysed step.';
-COMMENT ON COLUMN bubbles_runs.imbalance_lost_ns IS 'Step time the slowest stage costs: T(t) - T(t with the slowest stage at the others'' median), T = sum of t + (m-1) * max t, t = busy_ns / m per stage (a pipeline of m equal micro-batches).';
+COMMENT ON COLUMN bubbles_runs.imbalance_lost_ns IS 'Step time the slowest stage costs: T(t) - T(t with the slowest stage at the others'' median), T the step of m equal micro-batches through stages taking t = busy_ns / m each, replayed by the what-if engine (bprof.whatif.pipeline.flow_shop_ns: sum of t + (m-1) * max t); written by bubbles.py.';
 
 -- The send/recv calls of the analysed steps, with the peer where it is known.
 CREATE OR REPLACE TEMP TABLE _bubbles_p2p AS
@@ -187,9 +187,9 @@ FROM rows;
 
 -- Algorithm: the shape (p, m, schedule) from the chains and the first stages' calls; per stage and
 -- step the median over the stage's ranks; per stage the median over steps; the run figures from
--- those. The slowest stage's cost follows a pipeline of m equal micro-batches through stages
--- taking t_s each (a flow shop): T = sum_s t_s + (m-1) * max_s t_s, which is (m+p-1) t for equal
--- stages; its counterfactual sets the slowest stage's t to the median of the others'.
+-- those. The slowest stage's cost (imbalance_lost_ns) is replayed by bubbles.py with the what-if
+-- engine: m equal micro-batches through stages taking t_s each, and again with the slowest stage's
+-- t at the median of the others'.
 INSERT INTO bubbles_runs
 WITH declared AS (
     SELECT TRY_CAST(json_extract(metadata, '$.bprof_model.pp') AS INTEGER) AS pp,
@@ -258,6 +258,6 @@ SELECT $run_id, num_pipelines, p, m, 1, used_schedule, source, m_source,
     slowest_stage, CAST(slowest_busy_ns AS BIGINT), CAST(median_busy_ns AS BIGINT),
     slowest_busy_ns / nullif(median_busy_ns, 0), (SELECT mad(ratio) FROM step_ratio),
     (SELECT bool_and(slowest_stage = f.slowest_stage) FROM per_step),
-    CAST(((slowest_busy_ns - median_busy_ns) + (m - 1) * (slowest_busy_ns - greatest(max_busy_ns, median_busy_ns))) / m AS BIGINT)
+    CAST(NULL AS BIGINT)  -- imbalance_lost_ns: bubbles.py
 FROM figures f
 WHERE p IS NOT NULL AND num_steps > 0;

@@ -208,3 +208,13 @@ def _topological(chains: list[list[tuple[int, int, int]]], n_inst: int) -> np.nd
     if placed != len(members):
         raise RuntimeError("the pipeline model deadlocked: a recv has no send")
     return position
+
+
+def flow_shop_ns(stage_work_ns: np.ndarray, microbatches: int) -> int:
+    """The step of `microbatches` equal micro-batches flowing through stages that take
+    stage_work_ns[s] each (a stage hands a micro-batch on and starts the next; no backward, free
+    transfers), replayed with the engine: sum(t) + (m - 1) max(t), as a flow shop's makespan."""
+    work = np.asarray(stage_work_ns, dtype=np.int64)
+    zero = np.zeros(len(work), dtype=np.int64)
+    ends = stage_ends(StageTimes(zero, zero, work, zero, zero, zero), "gpipe", microbatches)
+    return int(ends.max())

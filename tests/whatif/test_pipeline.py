@@ -9,7 +9,7 @@ from bprof.analyzers.base import Options
 from bprof.errors import UsageError
 from bprof.store.db import open_store
 from bprof.synth.fleet import Fleet, write_fleet
-from bprof.whatif.pipeline import StageTimes, order, stage_ends
+from bprof.whatif.pipeline import StageTimes, flow_shop_ns, order, stage_ends
 from bprof.whatif.run import whatif
 
 SMALL = dict(tp=2, pp=4, dp=2, tp_per_forward=6, tp_per_backward=12, dp_collectives=4)
@@ -24,6 +24,12 @@ def test_equal_stages_without_transfer_take_m_plus_p_minus_1_chunks(schedule, mi
     t = StageTimes(zero, zero, np.full(p, 100), np.full(p, 200), zero, zero)
     ends = stage_ends(t, schedule, microbatches)
     assert ends.tolist() == [(microbatches + p - 1) * 300 - 200 * s for s in range(p)]
+
+
+@pytest.mark.parametrize("work, m", [([940, 930], 3), ([5, 7, 3], 4), ([10], 5), ([3, 9, 3, 3], 8)])
+def test_flow_shop_replay_is_the_makespan_formula(work, m):
+    # what the bubbles analysis prices stage imbalance with: sum(t) + (m - 1) max(t)
+    assert flow_shop_ns(np.array(work), m) == sum(work) + (m - 1) * max(work)
 
 
 def test_1f1b_order():
