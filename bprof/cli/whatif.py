@@ -26,7 +26,8 @@ def whatif(
         None, "--scenario", "-s",
         help="A scenario, parts joined by '+' and applied in order: no-stragglers, no-host-gaps, perfect-overlap, "
              "scale:<kernel class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree], "
-             "microbatches=<M> (a pipeline run with M micro-batches of the same size; applied after the other parts) "
+             "microbatches=<M> (a pipeline run with M micro-batches of the same size; applied after the other parts), "
+             "dp=<N> (data-parallel groups of N ranks, weak scaling; alpha-beta link fitted from the run or a coll: part) "
              "(repeatable)."),
     db: Path = DbOption,
     as_json: bool = JsonOption,

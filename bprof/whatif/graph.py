@@ -26,7 +26,7 @@ class StepModel:
     from the previous exit, or the span start, to the arrival), `exit_after` (exit after the
     instance's last arrival: the transfer it saw), `host_ns` (host gaps inside that work). Per span
     rank: `tail` (time after the last exit to the span end) and `tail_host_ns`. Per dense instance:
-    its op, bytes and group size (the collective cost model's inputs)."""
+    its op, bytes, group size (the collective cost model's inputs) and parallel dimension."""
 
     step: int
     g: StepGraph
@@ -41,6 +41,7 @@ class StepModel:
     op: np.ndarray
     bytes: np.ndarray  # -1 when unknown
     group_size: np.ndarray
+    dim: np.ndarray  # per dense instance: breakdown_groups.dim of its group, None when unknown
     has_events: np.ndarray  # per span rank
 
     @property
@@ -69,7 +70,7 @@ class StepModel:
 def has_analysis(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
     """Whether bprof analyze ran on the run: the tables the graph reads exist and hold its spans."""
     tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
-    if not {"timeline_spans", "match_instances", "match_members", "breakdown_idle_gaps"} <= tables:
+    if not {"timeline_spans", "match_instances", "match_members", "breakdown_idle_gaps", "breakdown_groups"} <= tables:
         return False
     return con.execute("SELECT count(*) FROM timeline_spans WHERE run_id = ?", [run_id]).fetchone()[0] > 0
 
@@ -92,7 +93,8 @@ def _build(con, run_id: int, step: int, stage: dict, with_events: set[int]) -> S
     m = {k: np.asarray(v) for k, v in con.execute("""
         SELECT dense_id, rank, arrival_ns, end_ns, role_id FROM _wi_members WHERE step = ?""", [step]).fetchnumpy().items()}
     inst = {k: np.asarray(v) for k, v in con.execute("""
-        SELECT dense_id, any_value(op) AS op, coalesce(any_value(bytes), -1) AS bytes, coalesce(any_value(group_size), 1) AS group_size
+        SELECT dense_id, any_value(op) AS op, coalesce(any_value(bytes), -1) AS bytes, coalesce(any_value(group_size), 1) AS group_size,
+            any_value(dim) AS dim
         FROM _wi_members WHERE step = ? GROUP BY dense_id ORDER BY dense_id""", [step]).fetchnumpy().items()}
     spans = {k: np.asarray(v) for k, v in con.execute(
         "SELECT rank, start_ns, end_ns, offset_ns FROM _wi_spans WHERE step = ? ORDER BY rank", [step]).fetchnumpy().items()}
@@ -107,11 +109,18 @@ def _build(con, run_id: int, step: int, stage: dict, with_events: set[int]) -> S
         offset_ns=spans["offset_ns"].astype(np.int64), work=work, tail=tail, exit_after=exit_offsets(g),
         host_ns=np.zeros(len(work), dtype=np.int64), tail_host_ns=np.zeros(len(tail), dtype=np.int64),
         op=inst["op"].astype(object), bytes=inst["bytes"].astype(np.int64), group_size=inst["group_size"].astype(np.int64),
+        dim=_objects(inst["dim"]),
         has_events=np.array([r in with_events for r in span_rank], dtype=bool))
     if model.has_events.any():
         host = _host_gaps(con, run_id, model)
         model.host_ns, model.tail_host_ns = host[:len(work)], host[len(work):]
     return model
+
+
+def _objects(column) -> np.ndarray:
+    """A fetched VARCHAR column as an object array, None where NULL (fetchnumpy masks NULLs)."""
+    mask = np.ma.getmaskarray(column)
+    return np.where(mask, None, np.ma.getdata(column).astype(object))
 
 
 # Host gaps: device idle (breakdown_idle_gaps: what idle.sql attributes to sync, GC, data loading,

@@ -1,7 +1,7 @@
 -- What does each rank's step consist of, as the what-if replay needs it? The member rows of the
 -- collectives (the joins between ranks) and each rank's spans; graph.py builds one chain per rank
 -- and step from them and splits the work between collectives into parts (host gaps, kernel classes).
--- Reads match_instances, match_members, timeline_spans, ranks; writes the temp tables _wi_members
+-- Reads match_instances, match_members, timeline_spans, ranks, breakdown_groups; writes the temp tables _wi_members
 -- and _wi_spans (per step, read one step at a time).
 --
 -- Definitions.
@@ -14,6 +14,8 @@
 --   spans alike, so each rank's chain is on one clock).
 -- * role: the collective kind a member plays, numbered per (op, group size), send and recv apart
 --   (as the straggler analysis numbers them).
+-- * dim: the parallel dimension of the instance's process group (breakdown_groups.dim: tp, dp,
+--   fsdp, pp, ...; NULL when the group is not classified).
 
 CREATE OR REPLACE TEMP TABLE _wi_spans AS
 SELECT s.rank, s.step, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
@@ -31,6 +33,12 @@ WITH joined AS (
 ), kinds AS (
     SELECT op, group_size, CAST(row_number() OVER (ORDER BY op, group_size) - 1 AS INTEGER) AS kind
     FROM (SELECT DISTINCT op, group_size FROM match_instances WHERE run_id = $run_id)
+), dims AS (
+    -- per instance, the dimension of its group: joined on the instances (thousands), not the members
+    SELECT i.instance_id, any_value(g.dim) AS dim FROM match_instances i
+    JOIN breakdown_groups g ON g.run_id = i.run_id AND g.pg_name IS NOT DISTINCT FROM i.pg_name
+         AND g.pg_desc IS NOT DISTINCT FROM i.pg_desc AND g.pg_ranks IS NOT DISTINCT FROM i.pg_ranks
+    WHERE i.run_id = $run_id GROUP BY i.instance_id
 ), rows AS (
     SELECT i.step, m.instance_id, -1 AS solo_rank, m.rank, m.arrival_aligned_ns AS arrival_ns, m.end_aligned_ns AS end_ns,
         i.op, i.bytes, i.group_size, i.is_p2p, i.src_rank
@@ -46,8 +54,9 @@ WITH joined AS (
 )
 SELECT x.step, x.rank, x.arrival_ns, x.end_ns, x.instance_id, x.solo_rank,
     CAST(dense_rank() OVER (PARTITION BY x.step ORDER BY x.instance_id, x.solo_rank) - 1 AS BIGINT) AS dense_id,
-    x.op, x.bytes, x.group_size,
+    x.op, x.bytes, x.group_size, d.dim,
     CAST(2 * k.kind + CASE WHEN x.is_p2p AND x.rank = x.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
 FROM rows x JOIN kinds k ON k.op = x.op AND k.group_size IS NOT DISTINCT FROM x.group_size
+LEFT JOIN dims d ON d.instance_id = x.instance_id
 -- a member whose rank has no span in that step cannot be replayed in it: its time stays work
 JOIN _wi_spans s ON s.rank = x.rank AND s.step = x.step;

@@ -26,6 +26,12 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   all_to_all, gather, scatter (n-1)a + (n-1)/n S/B; broadcast, reduce (n-1)a + S/B; p2p, send,
   recv a + S/B; barrier 2(n-1)a. Tree: all_reduce 2 ceil(log2 n) a + 2(n-1)/n S/B, broadcast and
   reduce ceil(log2 n) a + S/B, the others as ring. Instances of unknown size keep their transfer.
+- `dp=N`: data-parallel scale-out to N ranks per data-parallel group (weak scaling: each rank's
+  work as measured, the global batch N/D x larger, D the run's data-parallel degree): each
+  collective of a dp or fsdp group of n ranks takes its measured transfer + model(n N / D) -
+  model(n), the alpha-beta model of bprof.whatif.scaleout with the latency and bandwidth fitted
+  from the run's own data-parallel transfers, or those of a coll: part of the same scenario.
+  The ranks added are assumed to work like the measured ones.
 - `microbatches=M`: a pipeline run with M micro-batches of the same size (bprof.whatif.pipeline:
   a chunk-level model of the measured stages replayed with m and with M micro-batches; its change
   of each stage's end is added to the replayed step). It changes the step's shape, so it applies
@@ -43,9 +49,11 @@ import numpy as np
 
 from bprof.errors import UsageError
 from bprof.kernels.classify import FINE_CLASSES, classify_many
+from bprof.whatif import scaleout
 from bprof.whatif.graph import StepModel, matched_time
 from bprof.whatif.peers import PeerStep
 from bprof.whatif.pipeline import Pipeline, stage_ends, stage_times
+from bprof.whatif.scaleout import DP_DIMS
 
 
 @dataclasses.dataclass
@@ -195,6 +203,61 @@ class CollectiveModel(Part):
 
 
 @dataclasses.dataclass
+class DataParallel(Part):
+    size: int
+    link: CollectiveModel | None = None  # a coll: part of the same scenario: its link, not a fit
+    fits: list = dataclasses.field(default_factory=list)  # per step: (degree, latency s, s per byte, how)
+
+    @property
+    def text(self):
+        return f"dp={self.size}"
+
+    def prepare(self, con, run_id):
+        found = con.execute(f"""SELECT count(*) FROM breakdown_groups WHERE run_id = ? AND group_size > 1
+                                AND dim IN ({", ".join("?" * len(DP_DIMS))})""", [run_id, *DP_DIMS]).fetchone()[0]
+        if not found:
+            raise UsageError(f"scenario {self.text!r}: run {run_id} has no data-parallel group ({', '.join(DP_DIMS)} "
+                             "in breakdown_groups) to scale out")
+
+    def apply(self, con, run_id, m, s):
+        g = m.g
+        dp = np.array([d in DP_DIMS for d in m.dim.tolist()], dtype=bool)
+        known = np.flatnonzero(dp & (m.bytes >= 0) & (m.group_size > 1))
+        if not len(known):
+            return
+        degree = int(m.group_size[known].max())
+        n_old = m.group_size[known]
+        n_new = np.maximum(np.rint(n_old * self.size / degree), 1).astype(np.int64)
+        ops, sizes = m.op[known], m.bytes[known]
+        if self.link is not None:
+            latency, per_byte, algo = self.link.lat_us * 1e-6, 1 / (self.link.bw_gbps * 1e9), self.link.algo
+            how = f"from {self.link.text}"
+        else:
+            transfer = np.array([np.median(s.exit_after[g.members(k)]) for k in known.tolist()])
+            latency, per_byte, how = scaleout.fit(ops, sizes, n_old, transfer)
+            algo = "ring"
+        self.fits.append((degree, latency, per_byte, how))
+        delta = np.zeros(len(m.op))
+        for j, (o, b, a, z) in enumerate(zip(ops.tolist(), sizes.tolist(), n_old.tolist(), n_new.tolist())):
+            delta[known[j]] = (scaleout.model_ns(o, b, z, latency, per_byte, algo)
+                               - scaleout.model_ns(o, b, a, latency, per_byte, algo))
+        per_row = np.rint(delta[g.instance]).astype(np.int64)
+        s.exit_after = np.where(per_row != 0, np.maximum(s.exit_after + per_row, 0), s.exit_after)
+
+    def assumption(self):
+        if self.fits:
+            degree, latency, per_byte, how = self.fits[0]
+            link = (f"latency {latency * 1e6:.3g} us per hop, bandwidth "
+                    f"{(1 / per_byte / 1e9 if per_byte else float('inf')):.3g} GB/s ({how}; first step)")
+        else:
+            degree, link = None, "no data-parallel collective of known size in the analysed steps: nothing changes"
+        return (f"{self.text}: data-parallel groups (dp, fsdp) of the run's {degree} ranks grow to {self.size} (weak scaling: "
+                f"each rank's work as measured, the global batch {self.size}/{degree} x; MFU per GPU); each of their "
+                f"collectives takes its measured transfer + the alpha-beta model's change for the larger group (ring; "
+                f"bprof/whatif/scaleout.py), {link}; the added ranks work like the measured ones")
+
+
+@dataclasses.dataclass
 class MicroBatches(Part):
     num_microbatches: int
     pipe: Pipeline | None = None
@@ -283,7 +346,12 @@ def parse(text: str) -> list[Part]:
     parts = [p.strip() for p in text.split("+")]
     if not text.strip() or any(not p for p in parts):
         raise UsageError(f"scenario {text!r}: empty part (parts are joined by '+')")
-    return [_part(p) for p in parts]
+    out = [_part(p) for p in parts]
+    links = [p for p in out if isinstance(p, CollectiveModel)]
+    for p in out:
+        if isinstance(p, DataParallel) and links:
+            p.link = links[-1]
+    return out
 
 
 def _part(p: str) -> Part:
@@ -311,10 +379,15 @@ def _part(p: str) -> Part:
         if algo not in ("ring", "tree"):
             raise UsageError(f"scenario {p!r}: algo must be ring or tree, got {algo!r}")
         return CollectiveModel(float(fields["bw"]), float(fields["lat"]), algo)
+    if p.startswith("dp=") or p == "dp":
+        count = p[len("dp="):]
+        if not re.fullmatch(r"[0-9]+", count) or int(count) < 1:
+            raise UsageError(f"scenario {p!r}: expected dp=<data-parallel ranks, 1 or more>, e.g. dp=64")
+        return DataParallel(int(count))
     if p.startswith("microbatches"):
         _, eq, count = p.partition("=")
         if not eq or not re.fullmatch(r"[0-9]+", count) or int(count) < 1:
             raise UsageError(f"scenario {p!r}: expected microbatches=<count of 1 or more>, e.g. microbatches=8")
         return MicroBatches(int(count))
     raise UsageError(f"unknown scenario {p!r}: expected no-stragglers, no-host-gaps, perfect-overlap, "
-                     "scale:<class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree] or microbatches=<M>")
+                     "scale:<class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree], microbatches=<M> or dp=<N>")

@@ -55,3 +55,16 @@ def test_microbatches_on_the_pipeline_run(run):
     # the measured count (4) reproduces every rank-step; more micro-batches of positive work take longer
     assert [p.tolist() for p in out.results[1].predicted_ns] == [m.tolist() for m in out.results[1].measured_ns]
     assert fewer["predicted_step_ns"] < base["measured_step_ns"] < more["predicted_step_ns"]
+
+
+def test_dp_on_the_data_parallel_runs(run):
+    name, con, run_id = run
+    if name == "pp2":
+        pytest.skip("dp=N needs a data-parallel group")
+    out = whatif(con, run_id, ["dp=2", "dp=16"])
+    base, same, more = out.results
+    assert [p.tolist() for p in same.predicted_ns] == [m.tolist() for m in same.measured_ns]
+    # fitted latency and bandwidth are >= 0 and a ring's cost grows with its ranks: never shorter
+    for p, m in zip(more.predicted_ns, more.measured_ns):
+        assert (p >= m).all()
+    assert "grow to 16" in out.summaries[2]["assumptions"][0]
