@@ -40,6 +40,7 @@ class Pipeline:
     num_stages: int
     num_microbatches: int
     schedule: str  # 1f1b or gpipe
+    schedule_known: bool = True  # False: the send/recv calls do not tell (m <= p) and none was declared: 1f1b assumed
 
     @classmethod
     def of_run(cls, con: duckdb.DuckDBPyConnection, run_id: int, scenario: str) -> "Pipeline":
@@ -52,7 +53,7 @@ class Pipeline:
         if row[1] < 2:
             raise UsageError(f"scenario {scenario!r}: run {run_id} has {row[1]} micro-batch per step; the model "
                              "measures a micro-batch's work from at least 2")
-        return cls(int(row[0]), int(row[1]), row[2] or "1f1b")
+        return cls(int(row[0]), int(row[1]), row[2] or "1f1b", row[2] is not None)
 
 
 @dataclasses.dataclass(frozen=True)

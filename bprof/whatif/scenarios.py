@@ -282,7 +282,8 @@ class MicroBatches(Part):
 
     def assumption(self):
         p = self.pipe
-        text = (f"{self.text}: the run's {p.schedule} pipeline of {p.num_stages} stages with {p.num_microbatches} "
+        schedule = p.schedule if p.schedule_known else "1f1b (assumed: its send/recv calls do not tell 1F1B from GPipe)"
+        text = (f"{self.text}: the run's {schedule} pipeline of {p.num_stages} stages with {p.num_microbatches} "
                 f"micro-batches of the same size; per stage, a micro-batch's forward + backward = its busy time between "
                 f"its first and last send/recv (minus time blocked in recvs) / the micro-batches in it, split 1:2, recv "
                 f"transfer its median, the work before and after (data loading, optimizer, gradient sync) as measured; "

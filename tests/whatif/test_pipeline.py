@@ -76,7 +76,10 @@ def test_fleet_predicts_the_step_of_the_other_micro_batch_count(fleets, measured
     predicted_change = predicted["predicted_step_ns"] - predicted["measured_step_ns"]
     true_change = np.median(other_truth.step_ns) - np.median(truth.step_ns)
     assert predicted_change == pytest.approx(true_change, rel=0.05), (predicted_change, true_change)
-    assert predicted["assumptions"][0].startswith(f"microbatches={target}: the run's 1f1b pipeline of 4 stages")
+    assumption = predicted["assumptions"][0]
+    assert assumption.startswith(f"microbatches={target}: the run's 1f1b") and "pipeline of 4 stages" in assumption
+    # 4 micro-batches on 4 stages send alike under 1F1B and GPipe: the schedule is assumed, and said so
+    assert ("assumed" in assumption) == (measured == 4)
     stored = con.execute("SELECT predicted_step_ns FROM whatif_runs WHERE run_id = ? AND scenario = ?",
                          [truth.run_id, f"microbatches={target}"]).fetchone()
     assert stored == (predicted["predicted_step_ns"],)
