@@ -4,14 +4,17 @@ size, from a chunk-level pipeline of its measured stages replayed with the one e
 Per stage s (median over the stage's ranks; stages from bubbles_stages, the measured micro-batch
 count m and schedule from bubbles_runs), from each rank's own send/recv times in the step:
 - its pipeline section runs from its first send/recv to its last (a send counts at its post, a recv
-  at its end); its busy time there = the section minus the time it is blocked in recvs (post to
-  end). The section holds m forwards and backwards (m-1 on the first stage, whose first forward
-  comes before its first send and last backward after its last recv): u_s = busy / that count is
-  one micro-batch's forward + backward, and forward F_s = u_s / 3, backward B_s = 2 u_s / 3 (the
-  usual 1:2 of their FLOPs; only the fill and drain depend on the split).
-- c_s: the median transfer of its recvs (end after both sides posted: the member's exit after the
-  last arrival); pre_s / post_s: before / after its section (the first stage's less its first
-  forward / last backward): data loading, optimizer, gradient sync stay as measured.
+  at its end); pre_s / post_s: the step before / after it (data loading, optimizer, gradient sync:
+  kept as measured). Its busy time in the section = the bubbles analysis's busy_ns (the step less
+  its exposed send/recv time: on GPU a recv kernel that runs beside compute is not waiting) less
+  pre_s and post_s. The section holds m forwards and backwards (m-1 on the first stage, whose first
+  forward comes before its first send and last backward after its last recv): u_s = busy / that
+  count is one micro-batch's forward + backward, and forward F_s = u_s / 3, backward B_s = 2 u_s / 3
+  (the usual 1:2 of their FLOPs; only the fill and drain depend on the split). The first stage's
+  pre and post lose that first forward and last backward.
+- c_s: the median transfer of its recvs matched with their send (a join: the member's exit after
+  the last arrival); 0 when no recv of the stage was matched (a solo recv's duration includes its
+  wait, not a transfer), and the assumptions say so.
 The model pipeline: each stage runs its chunks in the schedule's order (1F1B: p-1-s warm-up
 forwards, one forward one backward, cool-down backwards; GPipe: all forwards, then all backwards);
 a chunk that needs a neighbour's output first receives it: a join that ends c_s after both the
@@ -24,6 +27,7 @@ end (M vs m): exact at M = m, and the measured step's own irregularities stay.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import duckdb
 import numpy as np
@@ -68,11 +72,14 @@ class StageTimes:
     post_ns: np.ndarray
 
 
-def stage_times(m: StepModel, pipe: Pipeline, work: np.ndarray, exit_after: np.ndarray) -> StageTimes | None:
-    """The model's inputs from one step (None when a stage has no rank with send/recv calls). `work`
-    and `exit_after` are the state as the other parts left it: their change inside a rank's section
-    is added to its busy time (work) and, for calls other than recvs, to it as well."""
+def stage_times(m: StepModel, pipe: Pipeline, busy_ns: dict[int, int], work: np.ndarray,
+                exit_after: np.ndarray) -> StageTimes | None:
+    """The model's inputs from one step (None when a stage has no rank with send/recv calls and a
+    busy time). busy_ns: per rank, bubbles_stages.busy_ns of the step. `work` and `exit_after` are
+    the state as the other parts left it: their change inside a rank's section is added to its busy
+    time (work) and, for calls other than recvs, to it as well."""
     g = m.g
+    joined = np.bincount(g.instance, minlength=len(m.op))[g.instance] >= 2
     op = m.op[g.instance]
     # a matched send/recv pair is one 'p2p' instance; its sender plays the odd role (graph.sql)
     p2p = (op == "p2p") | (op == "send") | (op == "recv")
@@ -86,24 +93,27 @@ def stage_times(m: StepModel, pipe: Pipeline, work: np.ndarray, exit_after: np.n
         s = int(m.stage[k])
         rows = np.arange(lo, hi)
         mine = rows[p2p[rows]]
-        if s < 0 or s >= pipe.num_stages or not len(mine):
+        rank = int(g.span_rank[k])
+        if s < 0 or s >= pipe.num_stages or not len(mine) or rank not in busy_ns:
             continue
         start, end = int(g.arrival_ns[mine].min()), int(own_end[mine].max())
-        recv = mine[is_recv[mine]]
-        blocked = int((g.end_ns[recv] - g.arrival_ns[recv]).sum())
+        span_start, span_end = int(g.span_start_ns[k]), int(g.span_end_ns[k])
+        pre, post = start - span_start, span_end - end
         inside = rows[(g.arrival_ns[rows] >= start) & (g.arrival_ns[rows] <= end)]
         changed = int((work[inside] - m.work[inside]).sum() + (exit_after[inside] - m.exit_after[inside])[~is_recv[inside]].sum())
         chunks = pipe.num_microbatches - (1 if s == 0 else 0)
-        u = max(end - start - blocked + changed, 0) / chunks
-        span_start, span_end = int(g.span_start_ns[k]), int(g.span_end_ns[k])
-        pre, post = start - span_start, span_end - end
+        u = max(busy_ns[rank] - pre - post + changed, 0) / chunks
         if s == 0:  # its first forward is before its first send, its last backward after its last recv
             pre, post = pre - FORWARD_SHARE * u, post - (1 - FORWARD_SHARE) * u
-        transfer = np.median(exit_after[recv]) if len(recv) else 0
+        recv = mine[is_recv[mine] & joined[mine]]
+        transfer = np.median(exit_after[recv]) if len(recv) else np.nan
         per_stage.setdefault(s, []).append((span_start, max(pre, 0), u, transfer, max(post, 0)))
     if len(per_stage) < pipe.num_stages:
         return None
-    med = np.array([np.median(np.array(per_stage[s], dtype=float), axis=0) for s in range(pipe.num_stages)])
+    with warnings.catch_warnings():  # a stage without a matched recv: all-NaN transfer, 0 below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.array([np.nanmedian(np.array(per_stage[s], dtype=float), axis=0) for s in range(pipe.num_stages)])
+    med[:, 3] = np.nan_to_num(med[:, 3], nan=0.0)
     start = med[:, 0] - med[:, 0].min()
     return StageTimes(np.rint(start).astype(np.int64), np.rint(med[:, 1]).astype(np.int64),
                       np.rint(FORWARD_SHARE * med[:, 2]).astype(np.int64), np.rint((1 - FORWARD_SHARE) * med[:, 2]).astype(np.int64),

@@ -261,7 +261,9 @@ class DataParallel(Part):
 class MicroBatches(Part):
     num_microbatches: int
     pipe: Pipeline | None = None
+    busy: dict = dataclasses.field(default_factory=dict)  # step -> rank -> bubbles_stages.busy_ns
     steps_unmodelled: int = 0
+    unmatched_transfer: bool = False
     late = True
 
     @property
@@ -270,12 +272,16 @@ class MicroBatches(Part):
 
     def prepare(self, con, run_id):
         self.pipe = Pipeline.of_run(con, run_id, self.text)
+        self.busy = {}
+        for rank, step, busy in con.execute("SELECT rank, step, busy_ns FROM bubbles_stages WHERE run_id = ?", [run_id]).fetchall():
+            self.busy.setdefault(step, {})[rank] = busy
 
     def apply(self, con, run_id, m, s):
-        t = stage_times(m, self.pipe, s.work, s.exit_after)
+        t = stage_times(m, self.pipe, self.busy.get(m.step, {}), s.work, s.exit_after)
         if t is None:
             self.steps_unmodelled += 1
             return
+        self.unmatched_transfer |= bool((t.transfer_ns == 0).any())
         delta = stage_ends(t, self.pipe.schedule, self.num_microbatches) - stage_ends(t, self.pipe.schedule, self.pipe.num_microbatches)
         in_pipe = (m.stage >= 0) & (m.stage < len(delta))
         s.end_delta = s.end_delta + np.where(in_pipe, delta[np.clip(m.stage, 0, len(delta) - 1)], 0)
@@ -284,12 +290,15 @@ class MicroBatches(Part):
         p = self.pipe
         schedule = p.schedule if p.schedule_known else "1f1b (assumed: its send/recv calls do not tell 1F1B from GPipe)"
         text = (f"{self.text}: the run's {schedule} pipeline of {p.num_stages} stages with {p.num_microbatches} "
-                f"micro-batches of the same size; per stage, a micro-batch's forward + backward = its busy time between "
-                f"its first and last send/recv (minus time blocked in recvs) / the micro-batches in it, split 1:2, recv "
-                f"transfer its median, the work before and after (data loading, optimizer, gradient sync) as measured; "
+                f"micro-batches of the same size; per stage, a micro-batch's forward + backward = its busy time (the step "
+                f"less exposed send/recv) between its first and last send/recv / the micro-batches in it, split 1:2, "
+                f"recv transfer the median of its matched recvs, the work before and after (data loading, optimizer, "
+                f"gradient sync) as measured; "
                 f"sends do not hold their sender; each rank's step changes by its stage's change in that model replayed "
                 f"with {p.num_microbatches} and {self.num_microbatches} micro-batches (bprof/whatif/pipeline.py); "
                 f"applied after the other parts")
+        if self.unmatched_transfer:
+            text += "; a stage without a matched recv (solo send/recv calls) has its transfers at 0"
         if self.steps_unmodelled:
             text += f"; {self.steps_unmodelled} steps without send/recv on every stage unchanged"
         return text

@@ -1,5 +1,6 @@
-"""`microbatches=M`: the pipeline model exactly on inline stages, and against bprof.synth.fleet's
-truth: a 4-micro-batch fleet predicts the step a simulated 8-micro-batch fleet measures, and back."""
+"""`microbatches=M`: the pipeline model exactly on inline stages, and against simulated truth: a
+4-micro-batch bprof.synth.fleet run (reduced ranks) predicts the step a simulated 8-micro-batch
+fleet measures, and back; the same on bprof.synth GPU traces, 1F1B and GPipe."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,8 @@ from bprof.analyzers import run as analysis
 from bprof.analyzers.base import Options
 from bprof.errors import UsageError
 from bprof.store.db import open_store
+from bprof.store.ingest import IngestOptions, ingest_paths
+from bprof.synth import Scenario, write_run
 from bprof.synth.fleet import Fleet, write_fleet
 from bprof.whatif.pipeline import StageTimes, flow_shop_ns, order, stage_ends
 from bprof.whatif.run import whatif
@@ -98,3 +101,32 @@ def test_a_run_without_pipeline_is_a_usage_error(tmp_path_factory):
                                                            tp_per_backward=8, dp_collectives=2))
     with pytest.raises(UsageError, match="has no pipeline"):
         whatif(con, truth.run_id, ["microbatches=8"])
+
+
+@pytest.fixture(scope="module")
+def synth_runs(tmp_path_factory):
+    """bprof.synth GPU traces (kernels on a compute and a comm stream, p2p unmatched: solo calls) of a
+    4-stage pipeline, 1F1B and GPipe, with 4 and 8 micro-batches."""
+    out, cons = {}, []
+    for schedule in ("1f1b", "gpipe"):
+        for m in (4, 8):
+            base = tmp_path_factory.mktemp(f"{schedule}{m}")
+            write_run(Scenario(pp=4, dp=1, tp=1, steps=3, vocab=1024, seed=3, microbatches=m, schedule=schedule), base / "run")
+            con = open_store(base / "s.duckdb")
+            [r] = ingest_paths(con, [base / "run"], IngestOptions(name="synth"))
+            analysis.analyze_run(con, r.run_id, Options())
+            out[schedule, m] = (con, r.run_id)
+            cons.append(con)
+    yield out
+    for con in cons:
+        con.close()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("measured, target", [(4, 8), (8, 4)])
+def test_synthetic_gpu_traces_predict_the_other_micro_batch_count(synth_runs, schedule, measured, target):
+    con, run_id = synth_runs[schedule, measured]
+    other_con, other_id = synth_runs[schedule, target]
+    predicted = whatif(con, run_id, [f"microbatches={target}"], write=False).summaries[1]
+    actual = whatif(other_con, other_id, [], write=False).summaries[0]["measured_step_ns"]
+    assert predicted["predicted_step_ns"] == pytest.approx(actual, rel=0.03), (predicted, actual)
