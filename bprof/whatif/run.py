@@ -3,8 +3,9 @@ scenario, and store what each predicts (tables whatif and whatif_runs, schema.sq
 
 Per rank and step: predicted = replayed span end - span start; measured = the span. The job's step
 is its longest rank's, and the run's step time the median over steps, as `bprof analyze` defines
-it. MFU scales with it: predicted MFU = the run's MFU x measured step / predicted step (the same
-model FLOPs and peaks).
+it. MFU scales with it: predicted MFU = the run's MFU x measured step / predicted step x the
+scenario's work factor (1, but M/m for microbatches=M: the step's model FLOPs grow with it; per
+GPU, with the same peaks).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class ScenarioResult:
         """(measured, predicted) job step per step: the longest rank's."""
         return ([int(m.max()) for m in self.measured_ns if len(m)], [int(p.max()) for p, m in zip(self.predicted_ns, self.measured_ns) if len(m)])
 
+    def work_factor(self) -> float:
+        """The model FLOPs of a predicted step over a measured one (more micro-batches do more work)."""
+        return float(np.prod([p.work_factor() for p in self.parts])) if self.parts else 1.0
+
     def summary(self, mfu_frac: float | None) -> dict:
         measured, predicted = self.job_steps()
         meas = int(np.median(measured)) if measured else None
@@ -51,7 +56,7 @@ class ScenarioResult:
             "predicted_step_ns": pred,
             "delta_frac": (pred - meas) / meas if meas else None,
             "measured_mfu_frac": mfu_frac,
-            "predicted_mfu_frac": mfu_frac * meas / pred if mfu_frac is not None and meas and pred else None,
+            "predicted_mfu_frac": mfu_frac * meas / pred * self.work_factor() if mfu_frac is not None and meas and pred else None,
             "max_error_frac": float(err.max()) if len(err) else None,
             "median_error_frac": float(np.median(err)) if len(err) else None,
             "assumptions": [p.assumption() for p in self.parts],

@@ -87,6 +87,10 @@ class Part:
     def assumption(self) -> str:
         raise NotImplementedError
 
+    def work_factor(self) -> float:
+        """The model FLOPs of the changed step over the measured one's (MFU scales with it)."""
+        return 1.0
+
 
 class NoStragglers(Part):
     text = "no-stragglers"
@@ -275,6 +279,9 @@ class MicroBatches(Part):
         self.busy = {}
         for rank, step, busy in con.execute("SELECT rank, step, busy_ns FROM bubbles_stages WHERE run_id = ?", [run_id]).fetchall():
             self.busy.setdefault(step, {})[rank] = busy
+
+    def work_factor(self):
+        return self.num_microbatches / self.pipe.num_microbatches if self.pipe else 1.0
 
     def apply(self, con, run_id, m, s):
         t = stage_times(m, self.pipe, self.busy.get(m.step, {}), s.work, s.exit_after)

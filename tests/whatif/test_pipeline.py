@@ -12,8 +12,9 @@ from bprof.store.db import open_store
 from bprof.store.ingest import IngestOptions, ingest_paths
 from bprof.synth import Scenario, write_run
 from bprof.synth.fleet import Fleet, write_fleet
-from bprof.whatif.pipeline import StageTimes, flow_shop_ns, order, stage_ends
-from bprof.whatif.run import whatif
+from bprof.whatif.pipeline import Pipeline, StageTimes, flow_shop_ns, order, stage_ends
+from bprof.whatif.run import ScenarioResult, whatif
+from bprof.whatif.scenarios import MicroBatches
 
 SMALL = dict(tp=2, pp=4, dp=2, tp_per_forward=6, tp_per_backward=12, dp_collectives=4)
 
@@ -130,3 +131,10 @@ def test_synthetic_gpu_traces_predict_the_other_micro_batch_count(synth_runs, sc
     predicted = whatif(con, run_id, [f"microbatches={target}"], write=False).summaries[1]
     actual = whatif(other_con, other_id, [], write=False).summaries[0]["measured_step_ns"]
     assert predicted["predicted_step_ns"] == pytest.approx(actual, rel=0.03), (predicted, actual)
+
+
+def test_mfu_counts_the_micro_batches_work():
+    # 8 micro-batches instead of 4 in 1.5x the step: twice the model FLOPs, MFU x 2 / 1.5
+    part = MicroBatches(8, pipe=Pipeline(2, 4, "1f1b"))
+    res = ScenarioResult("microbatches=8", [part], [np.array([0])], [0], [np.array([150])], [np.array([100])])
+    assert res.summary(0.3)["predicted_mfu_frac"] == pytest.approx(0.3 * 100 / 150 * 2)
