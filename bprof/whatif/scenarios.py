@@ -137,7 +137,9 @@ class PerfectOverlap(Part):
 
     def apply(self, con, run_id, m, s):
         compute = np.maximum(s.work - m.host_ns, 0)
-        s.exit_after = np.maximum(s.exit_after - compute, 0)
+        # a negative exit (the member left before the last arrival: an asynchronous send) has no
+        # transfer to hide and stays; raising it to 0 would lengthen the step
+        s.exit_after = np.where(s.exit_after >= 0, np.maximum(s.exit_after - compute, 0), s.exit_after)
 
     def assumption(self):
         return ("perfect-overlap: each collective's transfer runs behind the compute of the work before it; a member "
@@ -246,7 +248,8 @@ class DataParallel(Part):
             delta[known[j]] = (scaleout.model_ns(o, b, z, latency, per_byte, algo)
                                - scaleout.model_ns(o, b, a, latency, per_byte, algo))
         per_row = np.rint(delta[g.instance]).astype(np.int64)
-        s.exit_after = np.where(per_row != 0, np.maximum(s.exit_after + per_row, 0), s.exit_after)
+        # a negative exit (left before the last arrival) is no transfer: it stays, as in perfect-overlap
+        s.exit_after = np.where((per_row != 0) & (s.exit_after >= 0), np.maximum(s.exit_after + per_row, 0), s.exit_after)
 
     def assumption(self):
         if self.fits:
