@@ -4,26 +4,17 @@ step the simulation gives without it."""
 
 import pytest
 
-from bprof.analyzers import run as analysis
-from bprof.analyzers.base import Options
-from bprof.store.db import open_store
-from bprof.synth.fleet import Fleet, write_fleet
+from bprof.synth.fleet import Fleet
 from bprof.whatif.run import whatif
+from tests.whatif.fleets import analysed_fleet
 
 SMALL = dict(tp=2, pp=4, dp=2, microbatches=8, tp_per_forward=6, tp_per_backward=12, dp_collectives=4)
-
-
-def _analysed(tmp_path_factory, name, fleet):
-    con = open_store(tmp_path_factory.mktemp(name) / "s.duckdb")
-    truth = write_fleet(con, fleet)
-    analysis.analyze_run(con, truth.run_id, Options())
-    return con, truth
 
 
 @pytest.fixture(scope="module")
 def fleet_1k(tmp_path_factory):
     # tp8 x pp8 x dp16 = 1,024 ranks, 16 micro-batches, one planted slow rank (as benchmarks/crossrank.py)
-    con, truth = _analysed(tmp_path_factory, "f1k", Fleet(tp=8, pp=8, dp=16, steps=1, slow_rank=333, slow_factor=1.3))
+    con, truth = analysed_fleet(tmp_path_factory, "f1k", Fleet(tp=8, pp=8, dp=16, steps=1, slow_rank=333, slow_factor=1.3))
     yield con, truth
     con.close()
 
@@ -41,14 +32,14 @@ def test_1024_ranks_unchanged_replay_is_exact_and_no_stragglers_predicts_the_hea
 
 
 def test_no_stragglers_on_a_healthy_fleet_changes_nothing(tmp_path_factory):
-    con, truth = _analysed(tmp_path_factory, "healthy", Fleet(**SMALL))
+    con, truth = analysed_fleet(tmp_path_factory, "healthy", Fleet(**SMALL))
     out = whatif(con, truth.run_id, ["no-stragglers"])
     assert out.results[1].parts[0].ranks == []
     assert out.summaries[1]["predicted_step_ns"] == out.summaries[0]["measured_step_ns"]
 
 
 def test_small_fleet_slow_rank(tmp_path_factory):
-    con, truth = _analysed(tmp_path_factory, "small", Fleet(**SMALL, slow_rank=5, slow_factor=1.3))
+    con, truth = analysed_fleet(tmp_path_factory, "small", Fleet(**SMALL, slow_rank=5, slow_factor=1.3))
     out = whatif(con, truth.run_id, ["no-stragglers"])
     assert out.results[1].parts[0].ranks == [5]
     _predicts_healthy(out.summaries[1], truth)

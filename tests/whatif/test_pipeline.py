@@ -11,10 +11,11 @@ from bprof.errors import UsageError
 from bprof.store.db import open_store
 from bprof.store.ingest import IngestOptions, ingest_paths
 from bprof.synth import Scenario, write_run
-from bprof.synth.fleet import Fleet, write_fleet
+from bprof.synth.fleet import Fleet
 from bprof.whatif.pipeline import Pipeline, StageTimes, flow_shop_ns, order, stage_ends
 from bprof.whatif.run import ScenarioResult, whatif
 from bprof.whatif.scenarios import MicroBatches
+from tests.whatif.fleets import analysed_fleet
 
 SMALL = dict(tp=2, pp=4, dp=2, tp_per_forward=6, tp_per_backward=12, dp_collectives=4)
 
@@ -49,16 +50,9 @@ def test_transfers_and_pre_post_lengthen_the_step():
     assert (slow > base).all()
 
 
-def _analysed(tmp_path_factory, name, fleet):
-    con = open_store(tmp_path_factory.mktemp(name) / "s.duckdb")
-    truth = write_fleet(con, fleet)
-    analysis.analyze_run(con, truth.run_id, Options())
-    return con, truth
-
-
 @pytest.fixture(scope="module")
 def fleets(tmp_path_factory):
-    out = {m: _analysed(tmp_path_factory, f"mb{m}", Fleet(**SMALL, microbatches=m)) for m in (4, 8)}
+    out = {m: analysed_fleet(tmp_path_factory, f"mb{m}", Fleet(**SMALL, microbatches=m)) for m in (4, 8)}
     yield out
     for con, _ in out.values():
         con.close()
@@ -90,7 +84,7 @@ def test_fleet_predicts_the_step_of_the_other_micro_batch_count(fleets, measured
 
 
 def test_microbatches_applies_after_the_other_parts(tmp_path_factory):
-    con, truth = _analysed(tmp_path_factory, "slow", Fleet(**SMALL, microbatches=4, slow_rank=5, slow_factor=1.3))
+    con, truth = analysed_fleet(tmp_path_factory, "slow", Fleet(**SMALL, microbatches=4, slow_rank=5, slow_factor=1.3))
     out = whatif(con, truth.run_id, ["microbatches=8", "no-stragglers+microbatches=8", "microbatches=8+no-stragglers"],
                  write=False)
     alone, first, last = out.summaries[1:]
@@ -98,7 +92,7 @@ def test_microbatches_applies_after_the_other_parts(tmp_path_factory):
 
 
 def test_a_run_without_pipeline_is_a_usage_error(tmp_path_factory):
-    con, truth = _analysed(tmp_path_factory, "nopp", Fleet(tp=2, pp=1, dp=2, microbatches=4, tp_per_forward=4,
+    con, truth = analysed_fleet(tmp_path_factory, "nopp", Fleet(tp=2, pp=1, dp=2, microbatches=4, tp_per_forward=4,
                                                            tp_per_backward=8, dp_collectives=2))
     with pytest.raises(UsageError, match="has no pipeline"):
         whatif(con, truth.run_id, ["microbatches=8"])

@@ -4,14 +4,12 @@ bprof.synth.fleet run (its reduce-scatters take a fixed 1.5 ms on 2 ranks) again
 import numpy as np
 import pytest
 
-from bprof.analyzers import run as analysis
-from bprof.analyzers.base import Options
 from bprof.errors import UsageError
-from bprof.store.db import open_store
-from bprof.synth.fleet import Fleet, write_fleet
+from bprof.synth.fleet import Fleet
 from bprof.whatif.run import whatif
 from bprof.whatif.scaleout import coefficients, fit, model_ns
 from bprof.whatif.scenarios import DataParallel, parse
+from tests.whatif.fleets import analysed_fleet
 
 SMALL = dict(tp=2, pp=2, dp=2, microbatches=4, tp_per_forward=4, tp_per_backward=8, dp_collectives=4)
 
@@ -46,16 +44,9 @@ def test_a_coll_part_gives_dp_its_link():
     assert isinstance(parts[0], DataParallel) and parts[0].link is parts[1]
 
 
-def _analysed(tmp_path_factory, name, fleet):
-    con = open_store(tmp_path_factory.mktemp(name) / "s.duckdb")
-    truth = write_fleet(con, fleet)
-    analysis.analyze_run(con, truth.run_id, Options())
-    return con, truth
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    con, truth = _analysed(tmp_path_factory, "dp2", Fleet(**SMALL))
+    con, truth = analysed_fleet(tmp_path_factory, "dp2", Fleet(**SMALL))
     yield con, truth
     con.close()
 
@@ -76,6 +67,6 @@ def test_dp_recosts_the_data_parallel_collectives(fleet):
 
 
 def test_a_run_without_data_parallel_groups_is_a_usage_error(tmp_path_factory):
-    con, truth = _analysed(tmp_path_factory, "dp1", Fleet(**{**SMALL, "dp": 1}))
+    con, truth = analysed_fleet(tmp_path_factory, "dp1", Fleet(**{**SMALL, "dp": 1}))
     with pytest.raises(UsageError, match="no data-parallel group"):
         whatif(con, truth.run_id, ["dp=8"])
