@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 import tempfile
 import traceback
-from importlib import resources
 from pathlib import Path
 
 import duckdb
@@ -20,20 +19,15 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from bprof.dashboards.pages import PAGES, page_for
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import rank_choices, run_ids, steps
-from bprof.dashboards.sections import Chart, Download, Link, Numbers, Section, Table, Text, View, view_from_query
+from bprof.dashboards.sections import (MAX_TABLE_ROWS, Chart, Download, Link, Numbers, Section, Table, Text, View, css,
+                                       view_from_query)
 from bprof.errors import BprofError
 from bprof.store.db import open_store
 
 CONTROLS = ("run", "step", "ranks", "base")
-# A table never ships more rows than this; the rest are counted under it.
-MAX_TABLE_ROWS = 200
 # The rank picker lists the chosen ranks and at most this many others: the first ranks, or those
 # whose number or host matches what the reader types (any rank of a 10,000-rank run is reachable).
 MAX_RANK_OPTIONS = 200
-
-
-def css() -> str:
-    return resources.files("bprof.dashboards").joinpath("report.css").read_text()
 
 
 def create_app(db: Path, run_id: int | None = None) -> Dash:

@@ -11,11 +11,10 @@ import duckdb
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from bprof.dashboards.app import MAX_TABLE_ROWS, css
 from bprof.dashboards.pages import PAGES
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import run_info
-from bprof.dashboards.sections import Chart, Download, Link, Numbers, Section, Table, Text, View
+from bprof.dashboards.sections import MAX_TABLE_ROWS, Chart, Download, Link, Numbers, Section, Table, Text, View, css
 
 
 def export_html(con: duckdb.DuckDBPyConnection, run_id: int, path: Path) -> dict:

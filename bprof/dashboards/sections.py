@@ -8,9 +8,19 @@ element id both outputs give it (the browser tests find content by it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from importlib import resources
 from urllib.parse import parse_qs, urlencode
 
 import plotly.graph_objects as go
+
+
+# What both renderers share: a table never shows more rows than this (the rest are counted under
+# it), and one stylesheet.
+MAX_TABLE_ROWS = 200
+
+
+def css() -> str:
+    return resources.files("bprof.dashboards").joinpath("report.css").read_text()
 
 
 @dataclass(frozen=True)
