@@ -53,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=512, help="vocabulary size (split across tp in the head)")
     p.add_argument("--batch", type=int, default=4, help="micro-batch size (sequences) per DP replica")
     p.add_argument("--microbatches", type=int, default=4, help="micro-batches per optimizer step")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b", help="pipeline schedule")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b",
+                   help="pipeline schedule; interleaved = Megatron's interleaved 1F1B (virtual pipeline) "
+                        "over --chunks model chunks per stage")
+    p.add_argument("--chunks", type=int, default=1, metavar="V",
+                   help="model chunks per pipeline stage (V >= 2, only with --schedule interleaved): the "
+                        "layers are split into pp*V chunks, chunk c on stage c %% pp")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=1234, help="seed for weights and data")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
@@ -91,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--stage-imbalance", type=float, default=None, metavar="F",
         help="the last pipeline stage gets F * layers/pp layers (rounded half up, at least 1), "
              "the other stages layers/pp each; the total layer count changes accordingly "
-             "(--layers 4 --pp 2 --stage-imbalance 2 builds 2+4 = 6 layers). Needs --pp >= 2.")
+             "(--layers 4 --pp 2 --stage-imbalance 2 builds 2+4 = 6 layers). Needs --pp >= 2. With "
+             "--schedule interleaved each of the last stage's chunks gets F * layers/(pp*chunks).")
     faults.add_argument(
         "--no-bucket", action="store_true",
         help="DP gradients are all-reduced one parameter tensor at a time instead of in buckets.")
@@ -143,6 +149,13 @@ class ModelShape:
     seq: int
     vocab: int
     layers_per_stage: tuple[int, ...]
+    chunks: int = 1  # model chunks per stage (interleaved schedule): a stage's layers split evenly
+
+    def chunk_layers(self, chunk: int) -> range:
+        """Global layer ids of model chunk `chunk` (0 .. pp*chunks-1; stage chunk % pp holds it)."""
+        pp = len(self.layers_per_stage)
+        sizes = [self.layers_per_stage[c % pp] // self.chunks for c in range(pp * self.chunks)]
+        return range(sum(sizes[:chunk]), sum(sizes[: chunk + 1]))
 
     @property
     def layers(self) -> int:
@@ -163,6 +176,16 @@ def model_shape(args: argparse.Namespace) -> ModelShape:
         raise ValueError(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
     if args.layers % args.pp:
         raise ValueError(f"--layers {args.layers} must be divisible by --pp {args.pp}")
+    chunks = args.chunks
+    if args.schedule == "interleaved":
+        if args.pp < 2 or chunks < 2:
+            raise ValueError("--schedule interleaved needs --pp >= 2 and --chunks >= 2")
+        if args.layers % (args.pp * chunks):
+            raise ValueError(f"--layers {args.layers} must be divisible by --pp x --chunks = {args.pp * chunks}")
+        if args.microbatches % args.pp:
+            raise ValueError(f"--schedule interleaved needs --microbatches divisible by --pp {args.pp} (as Megatron)")
+    elif chunks != 1:
+        raise ValueError("--chunks needs --schedule interleaved")
     hidden = args.hidden
     if args.odd_shapes:
         if args.heads % 64 == 0:
@@ -177,8 +200,9 @@ def model_shape(args: argparse.Namespace) -> ModelShape:
             raise ValueError("--stage-imbalance needs --pp >= 2")
         if args.stage_imbalance <= 0:
             raise ValueError("--stage-imbalance must be > 0")
-        per_stage[-1] = max(1, math.floor(args.stage_imbalance * per_stage[-1] + 0.5))
-    return ModelShape(hidden, args.heads, args.seq, args.vocab, tuple(per_stage))
+        per_chunk = per_stage[-1] // chunks
+        per_stage[-1] = chunks * max(1, math.floor(args.stage_imbalance * per_chunk + 0.5))
+    return ModelShape(hidden, args.heads, args.seq, args.vocab, tuple(per_stage), chunks)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -241,6 +265,7 @@ def model_summary(args: argparse.Namespace) -> dict:
         "dp": args.dp,
         "microbatches": args.microbatches,
         "schedule": args.schedule,
+        "chunks": args.chunks,
         "dtype": args.dtype,
         "recompute": args.recompute,
     }
@@ -457,13 +482,16 @@ class Block(nn.Module):
 
 
 class Stage(nn.Module):
-    """This rank's share of the model: embeddings on the first stage, final norm + head on the last."""
+    """This rank's share of the model: embeddings on the first stage, final norm + head on the last.
+    With --chunks V, one of the rank's V model chunks: model chunk `chunk` * pp + pp_rank, the
+    embeddings on model chunk 0, the head on the last."""
 
-    def __init__(self, shape: ModelShape, par: Parallel, args: argparse.Namespace):
+    def __init__(self, shape: ModelShape, par: Parallel, args: argparse.Namespace, chunk: int = 0):
         super().__init__()
-        first_layer = sum(shape.layers_per_stage[: par.pp_rank])
-        n_local = shape.layers_per_stage[par.pp_rank]
-        self.layer_ids = list(range(first_layer, first_layer + n_local))
+        model_chunk = chunk * par.pp + par.pp_rank
+        self.layer_ids = list(shape.chunk_layers(model_chunk))
+        self.is_first = model_chunk == 0
+        self.is_last = model_chunk == par.pp * shape.chunks - 1
         self.blocks = nn.ModuleList(
             Block(shape, par, torch.Generator().manual_seed(args.seed * 100_003 + 1 + i))
             for i in self.layer_ids
@@ -473,9 +501,9 @@ class Stage(nn.Module):
                           _normal(gen, shape.seq, shape.hidden),
                           _normal(gen, shape.vocab, shape.hidden))
         self.tok_emb = self.pos_emb = self.ln_f = self.head = None
-        if par.first_stage:  # replicated over TP (not vocab-parallel)
+        if self.is_first:  # replicated over TP (not vocab-parallel)
             self.tok_emb, self.pos_emb = nn.Parameter(tok), nn.Parameter(pos)
-        if par.last_stage:  # vocab split over TP, logits all-gathered
+        if self.is_last:  # vocab split over TP, logits all-gathered
             self.ln_f = nn.LayerNorm(shape.hidden)
             self.head = ColumnParallelLinear(_rows(head, par.tp_rank, par.tp), None, par.tp_group,
                                              gather_output=True)
@@ -630,6 +658,35 @@ class Pipe:
     def send_backward_recv_forward(self, grad):
         return self._exchange(grad, self.prev, self.prev)
 
+    # The interleaved schedule's exchanges (Megatron's send_forward_recv_forward,
+    # send_backward_recv_backward and send_forward_backward_recv_forward_backward in one): a ring,
+    # the last stage sends to the first for the next model chunk. Activations go first and
+    # gradients second, each with its own tag: with pp = 2 both directions join the same two
+    # ranks, and the order and tags keep an activation from landing in a gradient's buffer.
+
+    def exchange(self, output=None, grad=None, recv_prev=False, recv_next=False):
+        """Send `output` to the next stage and `grad` to the previous one (each if not None),
+        receive from the previous / next stage as asked; returns (from prev, from next)."""
+        par = self.par
+        next_rank, prev_rank = (par.stage_rank((par.pp_rank + k) % par.pp) for k in (1, -1))
+        ops, from_prev, from_next = [], None, None
+        if output is not None:
+            ops.append(dist.P2POp(dist.isend, output.detach().to(self.dtype).contiguous(), next_rank, par.pp_group, tag=1))
+        if recv_prev:
+            from_prev = torch.empty(self.buffer_shape, dtype=self.dtype, device=par.device)
+            ops.append(dist.P2POp(dist.irecv, from_prev, prev_rank, par.pp_group, tag=1))
+        if grad is not None:
+            ops.append(dist.P2POp(dist.isend, grad.detach().to(self.dtype).contiguous(), prev_rank, par.pp_group, tag=2))
+        if recv_next:
+            from_next = torch.empty(self.buffer_shape, dtype=self.dtype, device=par.device)
+            ops.append(dist.P2POp(dist.irecv, from_next, next_rank, par.pp_group, tag=2))
+        if ops:
+            with self.stats.span("pp_recv" if recv_prev or recv_next else "pp_send"):
+                for work in dist.batch_isend_irecv(ops):
+                    work.wait()
+            self.stats.counts["pp_p2p_calls"] += len(ops)
+        return from_prev, from_next
+
 
 # ------------------------------------------------------------------------------------------------
 # Training step
@@ -679,8 +736,10 @@ class Trainer:
     def __init__(self, args: argparse.Namespace, par: Parallel, shape: ModelShape):
         self.args, self.par, self.shape = args, par, shape
         self.stats = StepStats(par.device)
-        self.model = Stage(shape, par, args).to(par.device)
-        self.params = list(self.model.parameters())
+        # one model chunk per stage, or --chunks of them (interleaved schedule)
+        self.chunks = [Stage(shape, par, args, c).to(par.device) for c in range(shape.chunks)]
+        self.layer_ids = [i for chunk in self.chunks for i in chunk.layer_ids]
+        self.params = [p for chunk in self.chunks for p in chunk.parameters()]
         self.optimizer = torch.optim.AdamW(self.params, lr=args.lr, betas=(0.9, 0.95),
                                            weight_decay=0.01)
         self.data = SyntheticData(args, par.dp_rank, par.device)
@@ -690,19 +749,21 @@ class Trainer:
                          if args.dtype == "bf16" else contextlib.nullcontext())
         self.losses: list[torch.Tensor] = []  # this step's micro-batch losses (last stage)
 
-    def forward_step(self, step: int, micro: int, input_tensor):
-        """One micro-batch through this stage; returns the output (or the scaled loss on the last)."""
+    def forward_step(self, step: int, micro: int, input_tensor, chunk: int = 0):
+        """One micro-batch through this stage (its model chunk `chunk`); returns the output (or the
+        scaled loss on the last)."""
+        model = self.chunks[chunk]
         tokens = labels = None
-        if self.par.first_stage or self.par.last_stage:
+        if model.is_first or model.is_last:
             with self.stats.span("dataloader", host=True):
                 tokens, labels = self.data.fetch(step, micro)
         with self.stats.span("forward"):
-            if self.slow is not None and micro == 0:
+            if self.slow is not None and micro == 0 and chunk == 0:
                 with self.stats.span("slow_rank"):
                     self.slow()
             with self.autocast:
-                out = self.model(tokens if self.par.first_stage else input_tensor)
-            if self.par.last_stage:
+                out = model(tokens if model.is_first else input_tensor)
+            if model.is_last:
                 loss = F.cross_entropy(out.float().view(-1, self.shape.vocab), labels.reshape(-1))
                 self.losses.append(loss.detach())
                 return loss / self.args.microbatches
@@ -755,6 +816,87 @@ class Trainer:
             grad_out = self.pipe.recv_backward()
             self.pipe.send_backward(self.backward_step(x, y, grad_out))
 
+    def schedule_interleaved(self, step: int):
+        """Megatron's interleaved 1F1B (forward_backward_pipelining_with_interleaving, without p2p
+        overlap): virtual micro-batch k runs on model chunk (k mod p*V) // p (reversed for
+        backwards), so each stage takes p micro-batches through one chunk before the next."""
+        p, r, v, m = self.par.pp, self.par.pp_rank, len(self.chunks), self.args.microbatches
+        total, pipe = v * m, self.pipe
+        first_rank, last_rank = r == 0, r == p - 1
+
+        def chunk_of(k, forward):
+            c = (k % (p * v)) // p
+            return c if forward else v - 1 - c
+
+        all_warmup = m == p
+        warmup = total if all_warmup else min((p - r - 1) * 2 + (v - 1) * p, total)
+        remaining = total - warmup
+        inputs, outputs, grads = ([[] for _ in range(v)] for _ in range(3))
+        micro = [0] * v  # per chunk: forwards done = the next forward's micro-batch
+
+        def forward(k):
+            c = chunk_of(k, True)
+            if self.chunks[c].is_first and len(inputs[c]) == len(outputs[c]):
+                inputs[c].append(None)
+            y = self.forward_step(step, micro[c], inputs[c][-1], c)
+            micro[c] += 1
+            outputs[c].append(y)
+            return None if self.chunks[c].is_last else y  # the loss goes nowhere
+
+        def backward(k):
+            c = chunk_of(k, False)
+            if self.chunks[c].is_last and not grads[c]:
+                grads[c].append(None)
+            grad_in = self.backward_step(inputs[c].pop(0), outputs[c].pop(0), grads[c].pop(0))
+            return None if self.chunks[c].is_first else grad_in
+
+        inputs[0].append(None if first_rank else self._input(pipe.exchange(recv_prev=True)[0]))
+        for k in range(warmup):
+            out = forward(k)
+            next_chunk = chunk_of(k + 1, True)
+            recv_prev = not (first_rank and next_chunk == 0) and k != total - 1
+            if k == warmup - 1 and not all_warmup:
+                x, grad_out = pipe.exchange(out, None, recv_prev, recv_next=not last_rank)
+                if not last_rank:
+                    grads[v - 1].append(grad_out)
+            else:
+                x, _ = pipe.exchange(out, None, recv_prev)
+            if recv_prev:
+                inputs[next_chunk].append(self._input(x))
+        for k in range(remaining):
+            fk = k + warmup
+            out = forward(fk)
+            grad_in = backward(k)
+            recv_prev, recv_next = True, True
+            if first_rank:  # the first stage is p - 1 virtual micro-batches ahead of the last
+                next_f = chunk_of(fk - (p - 1), True)
+                recv_prev = next_f != v - 1
+                next_f += 1
+            else:
+                next_f = chunk_of(fk + 1, True)
+            if last_rank:  # and the last ahead of the first in backward
+                next_b = chunk_of(k - (p - 1), False)
+                recv_next = next_b != 0
+                next_b -= 1
+            else:
+                next_b = chunk_of(k + 1, False)
+            if k == remaining - 1:
+                recv_prev = False
+            x, grad_out = pipe.exchange(out, grad_in, recv_prev, recv_next)
+            if recv_prev:
+                inputs[next_f].append(self._input(x))
+            if recv_next:
+                grads[next_b].append(grad_out)
+        if all_warmup:
+            grads[v - 1].append(None if last_rank else pipe.exchange(recv_next=True)[1])
+        for k in range(remaining, total):
+            grad_in = backward(k)
+            next_b = chunk_of(k + 1, False)
+            recv_next = not (last_rank and next_b == v - 1) and k != total - 1
+            _, grad_out = pipe.exchange(None, grad_in, recv_next=recv_next)
+            if recv_next:
+                grads[next_b].append(grad_out)
+
     def allreduce_grads(self):
         """Average gradients over DP: flat buckets of up to --bucket-mb, in reverse parameter order."""
         d = self.par.dp
@@ -790,6 +932,8 @@ class Trainer:
         t0 = time.perf_counter()
         if self.args.schedule == "gpipe":
             self.schedule_gpipe(step)
+        elif self.args.schedule == "interleaved":
+            self.schedule_interleaved(step)
         else:
             self.schedule_1f1b(step)
         self.allreduce_grads()
@@ -867,7 +1011,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer = Trainer(args, par, shape)
     log = JsonLog(args.log_json, par.rank)
     log.write("config", tp_rank=par.tp_rank, dp_rank=par.dp_rank, pp_rank=par.pp_rank,
-              device=str(par.device), layer_ids=trainer.model.layer_ids,
+              device=str(par.device), layer_ids=trainer.layer_ids,
               num_param_tensors=len(trainer.params),
               local_params=sum(p.numel() for p in trainer.params),
               process_groups=dist.distributed_c10d._get_all_pg_configs(),

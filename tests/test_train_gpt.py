@@ -1,8 +1,8 @@
 """examples/train_gpt.py: FLOPs by hand, and real torchrun jobs on CPU ranks (gloo) per layout.
 
-Each torchrun launch is a module fixture shared by several tests, so the slow tier starts five jobs.
+Each torchrun launch is a module fixture shared by several tests, so the slow tier starts eight jobs.
 Loss trajectories are compared across layouts: weights and data do not depend on the layout, so
-TP, PP (both schedules), DP and recompute must all compute the same function.
+TP, PP (all three schedules), DP and recompute must all compute the same function.
 """
 
 from __future__ import annotations
@@ -82,12 +82,25 @@ def test_recompute_adds_one_forward_of_the_blocks():
         (["--pp", "2", "--stage-imbalance", "2"], 128, (2, 4)),
         (["--pp", "4", "--stage-imbalance", "2.5"], 128, (1, 1, 1, 3)),  # 2.5 rounds half up
         (["--pp", "2", "--stage-imbalance", "0.1"], 128, (2, 1)),  # never below one layer
+        (["--pp", "2", "--schedule", "interleaved", "--chunks", "2"], 128, (2, 2)),
+        # each of the last stage's 2 chunks gets 3 x 1 layer
+        (["--pp", "2", "--schedule", "interleaved", "--chunks", "2", "--stage-imbalance", "3"], 128, (2, 6)),
     ],
 )
 def test_model_shape(flags, hidden, per_stage):
     shape = tg.model_shape(tg.parse_args(flags))
     assert (shape.hidden, shape.layers_per_stage) == (hidden, per_stage)
     assert shape.hidden % shape.heads == 0
+
+
+def test_interleaved_chunks_take_the_layers_round_robin():
+    # 8 layers in pp x chunks = 4 model chunks of 2; model chunk c lives on stage c % pp
+    shape = tg.model_shape(tg.parse_args(["--pp", "2", "--schedule", "interleaved", "--chunks", "2", "--layers", "8"]))
+    assert [list(shape.chunk_layers(c)) for c in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    shape = tg.model_shape(tg.parse_args(["--pp", "2", "--schedule", "interleaved", "--chunks", "2",
+                                          "--stage-imbalance", "2"]))
+    assert [list(shape.chunk_layers(c)) for c in range(4)] == [[0], [1, 2], [3], [4, 5]]
+    assert tg.model_summary(tg.parse_args(["--pp", "2", "--schedule", "interleaved", "--chunks", "2"]))["chunks"] == 2
 
 
 def test_flops_follow_the_built_layers_and_width():
@@ -126,6 +139,11 @@ def test_help_documents_every_fault():
         (["--tp", "2"], "WORLD_SIZE is 1"),
         (["--heads", "3", "--tp", "2"], "--heads 3 must be divisible by --tp 2"),
         (["--stage-imbalance", "2"], "--stage-imbalance needs --pp >= 2"),
+        (["--chunks", "2"], "--chunks needs --schedule interleaved"),
+        (["--pp", "2", "--schedule", "interleaved"], "needs --pp >= 2 and --chunks >= 2"),
+        (["--pp", "2", "--schedule", "interleaved", "--chunks", "2", "--microbatches", "3"],
+         "--microbatches divisible by --pp 2"),
+        (["--pp", "2", "--schedule", "interleaved", "--chunks", "4"], "divisible by --pp x --chunks = 8"),
     ],
 )
 def test_bad_layouts_fail_with_a_clear_message(flags, message):
@@ -245,6 +263,26 @@ def pp4(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def pp2_interleaved(tmp_path_factory):
+    return torchrun(tmp_path_factory.mktemp("pp2_interleaved"), 2, "--pp", "2", "--schedule", "interleaved",
+                    "--chunks", "2", "--steps", str(STEPS))
+
+
+SMALL = ("--layers", "8", "--hidden", "64", "--microbatches", "8", "--steps", "4")
+
+
+@pytest.fixture(scope="module")
+def small_pp1(tmp_path_factory):
+    return torchrun(tmp_path_factory.mktemp("small_pp1"), 1, *SMALL)
+
+
+@pytest.fixture(scope="module")
+def small_pp4_interleaved(tmp_path_factory):
+    return torchrun(tmp_path_factory.mktemp("small_pp4_il"), 4, "--pp", "4", "--schedule", "interleaved",
+                    "--chunks", "2", *SMALL)
+
+
+@pytest.fixture(scope="module")
 def tp2_pp2_profiled(tmp_path_factory):
     return torchrun(tmp_path_factory.mktemp("tp2_pp2"), 4, "--tp", "2", "--pp", "2",
                     "--steps", str(STEPS), "--recompute", "--host-sync", "--profile-steps", "2:4")
@@ -321,6 +359,27 @@ def test_pp4_1f1b_trains(pp4):
     assert pp4.groups(2)["PIPELINE_MODEL_PARALLEL_GROUP"] == [0, 1, 2, 3]
     assert [pp4.config(r)["layer_ids"] for r in range(4)] == [[0], [1], [2], [3]]
     assert pp4.tagged("summary")[0]["rank"] == 3  # the last stage reports
+
+
+@pytest.mark.slow
+def test_pp2_interleaved_trains_the_same_function_as_pp4(pp2_interleaved, pp4):
+    run = pp2_interleaved
+    assert_trains(run)
+    assert run.losses == pytest.approx(pp4.losses, abs=2e-3)
+    assert (run.model["schedule"], run.model["chunks"], run.model["pp"]) == ("interleaved", 2, 2)
+    # model chunks 0..3 of one layer each, round robin over the 2 stages
+    assert [run.config(r)["layer_ids"] for r in (0, 1)] == [[0, 2], [1, 3]]
+    # per stage and step: (2 chunks x 2 directions - 1) x 4 micro-batches sends, as many receives
+    for rank in (0, 1):
+        assert {r["pp_p2p_calls"] for r in run.steps(rank)} == {2 * 3 * 4}
+
+
+@pytest.mark.slow
+def test_pp4_interleaved_with_a_steady_phase_matches_one_stage(small_pp4_interleaved, small_pp1):
+    # m = 8 > p = 4: warm-up, steady one-forward-one-backward and cool-down phases all run; the ring
+    # crosses from stage 3 back to stage 0 for the second chunk
+    assert small_pp4_interleaved.losses == pytest.approx(small_pp1.losses, abs=2e-3)
+    assert [small_pp4_interleaved.config(r)["layer_ids"] for r in range(4)] == [[r, r + 4] for r in range(4)]
 
 
 @pytest.mark.slow
