@@ -190,6 +190,9 @@ class Recorder:
 
     def _finish_window(self, prof, window: Window, partial: bool) -> None:
         prof.stop()
+        observer = getattr(prof, "execution_trace_observer", None)
+        if observer is not None:  # the file is closed (its JSON completed) only here, or at exit, which os._exit skips
+            observer.unregister_callback()
         self.p2p.recording = False
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
