@@ -13,7 +13,7 @@ import duckdb
 
 from bprof.errors import DataError, UsageError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 DEFAULT_DB = Path("bprof.duckdb")
 
 # version N -> SQL that turns a version-N store into version N+1. Each step repeats what schema.sql
@@ -344,6 +344,35 @@ COMMENT ON COLUMN whatif_runs.predicted_mfu_frac IS 'measured_mfu_frac x measure
 COMMENT ON COLUMN whatif_runs.max_error_frac IS 'Largest |predicted_ns - measured_ns| / measured_ns over the rank-steps: for the unchanged scenario the replay''s consistency error, for the others how far a rank''s step moved.';
 COMMENT ON COLUMN whatif_runs.median_error_frac IS 'Median of the same over the rank-steps.';
 COMMENT ON COLUMN whatif_runs.assumptions IS 'What each part of the scenario assumed, in order (also printed by bprof whatif).';
+""",
+    # 6 -> 7: execution trace nodes (and the op_chain items and compile variant of replays)
+    6: """
+CREATE TABLE exec_nodes (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    node_id BIGINT NOT NULL,
+    parent_id BIGINT,
+    name VARCHAR NOT NULL,
+    rf_id BIGINT,
+    tid BIGINT,
+    op_schema VARCHAR,
+    inputs JSON,
+    outputs JSON
+);
+COMMENT ON TABLE exec_nodes IS 'The nodes of PyTorch execution traces (Chakra format, bprof record --execution-trace): every op and record_function of a rank''s window with the identities of the tensors it read and wrote.';
+COMMENT ON COLUMN exec_nodes.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN exec_nodes.rank IS 'Global rank whose execution trace holds the node.';
+COMMENT ON COLUMN exec_nodes.node_id IS 'The node''s id in its file: ids grow in the order nodes start (tensor ids share the counter).';
+COMMENT ON COLUMN exec_nodes.parent_id IS 'Id of the enclosing node (Chakra ctrl_deps): an op, a record_function range or the thread''s root.';
+COMMENT ON COLUMN exec_nodes.name IS 'Op or range name (aten::mul, ProfilerStep#3, ...).';
+COMMENT ON COLUMN exec_nodes.rf_id IS 'Record function id: equal to the Kineto event''s args."Record function id" of the same op (events.args).';
+COMMENT ON COLUMN exec_nodes.tid IS 'Execution trace thread id (its own numbering, not the OS tid).';
+COMMENT ON COLUMN exec_nodes.op_schema IS 'The op''s schema with its overload (aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor); NULL for ranges.';
+COMMENT ON COLUMN exec_nodes.inputs IS 'The inputs as written: {values, shapes, types, strides}, a tensor''s value being [tensor id, storage id, offset, elements, element bytes, device].';
+COMMENT ON COLUMN exec_nodes.outputs IS 'The outputs, in the same form.';
+
+COMMENT ON COLUMN replays.item_kind IS 'op (one op signature), op_loop (a run of same-signature matmul calls in a row: a Python loop), op_chain (a short sequence of top-level ops wired output to input, read from the execution trace), collective (one collective signature) or collective_storm (all calls of one all_reduce group in a step).';
+COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm; for op chains compile (torch.compile of the chain); for collectives the same bytes per step in messages of another size: bucket (a storm''s calls fused into one), msg4x (every 4 calls of a storm fused), split4 (each call cut into 4).';
 """,
 }
 

@@ -23,6 +23,7 @@ import duckdb
 from bprof.errors import DataError, UsageError
 from bprof.store.chrome_export import CALL_FIELDS, CALLS_META_KEY, is_export, unpack_export
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
+from bprof.store.exec_trace import load_exec_traces
 from bprof.store.kineto_file import SplitTrace, split_trace
 from bprof.store.limits import set_memory_limit
 from bprof.store.reduce import check_one_run, load_reduced, read_manifest
@@ -133,6 +134,7 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     _run_sql(con, "ingest_flight_recorder.sql", run_id)
     con.execute("DROP TABLE _flight_recorder; DROP TABLE _pg_members; DROP TABLE _fr_files")
     _load_export_calls(con, run_id, metas)
+    load_exec_traces(con, run_id, seen_ranks)
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
     result.warnings = _finish_run(con, run_id, metas)

@@ -135,6 +135,30 @@ COMMENT ON COLUMN events.external_id IS 'Kineto External id tying GPU rows and r
 COMMENT ON COLUMN events.step IS 'Profiler step the event belongs to (GPU rows: the step of their launch); NULL outside steps.';
 COMMENT ON COLUMN events.args IS 'The raw args object of the event.';
 
+CREATE TABLE exec_nodes (
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    node_id BIGINT NOT NULL,
+    parent_id BIGINT,
+    name VARCHAR NOT NULL,
+    rf_id BIGINT,
+    tid BIGINT,
+    op_schema VARCHAR,
+    inputs JSON,
+    outputs JSON
+);
+COMMENT ON TABLE exec_nodes IS 'The nodes of PyTorch execution traces (Chakra format, bprof record --execution-trace): every op and record_function of a rank''s window with the identities of the tensors it read and wrote.';
+COMMENT ON COLUMN exec_nodes.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN exec_nodes.rank IS 'Global rank whose execution trace holds the node.';
+COMMENT ON COLUMN exec_nodes.node_id IS 'The node''s id in its file: ids grow in the order nodes start (tensor ids share the counter).';
+COMMENT ON COLUMN exec_nodes.parent_id IS 'Id of the enclosing node (Chakra ctrl_deps): an op, a record_function range or the thread''s root.';
+COMMENT ON COLUMN exec_nodes.name IS 'Op or range name (aten::mul, ProfilerStep#3, ...).';
+COMMENT ON COLUMN exec_nodes.rf_id IS 'Record function id: equal to the Kineto event''s args."Record function id" of the same op (events.args).';
+COMMENT ON COLUMN exec_nodes.tid IS 'Execution trace thread id (its own numbering, not the OS tid).';
+COMMENT ON COLUMN exec_nodes.op_schema IS 'The op''s schema with its overload (aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor); NULL for ranges.';
+COMMENT ON COLUMN exec_nodes.inputs IS 'The inputs as written: {values, shapes, types, strides}, a tensor''s value being [tensor id, storage id, offset, elements, element bytes, device].';
+COMMENT ON COLUMN exec_nodes.outputs IS 'The outputs, in the same form.';
+
 CREATE TABLE collectives (
     run_id INTEGER NOT NULL,
     rank INTEGER NOT NULL,
@@ -515,11 +539,11 @@ COMMENT ON TABLE replays IS 'bprof replay: recorded ops, loops of ops and collec
 COMMENT ON COLUMN replays.replay_id IS 'Store-wide replay identifier.';
 COMMENT ON COLUMN replays.run_id IS 'Run the item was taken from (runs.run_id).';
 COMMENT ON COLUMN replays.replayed_at IS 'When the replay ran.';
-COMMENT ON COLUMN replays.item_kind IS 'op (one op signature), op_loop (a run of same-signature matmul calls in a row: a Python loop), collective (one collective signature) or collective_storm (all calls of one all_reduce group in a step).';
+COMMENT ON COLUMN replays.item_kind IS 'op (one op signature), op_loop (a run of same-signature matmul calls in a row: a Python loop), op_chain (a short sequence of top-level ops wired output to input, read from the execution trace), collective (one collective signature) or collective_storm (all calls of one all_reduce group in a step).';
 COMMENT ON COLUMN replays.item IS 'Human label: op and shapes/dtypes, or collective op, dtype, elements and group.';
 COMMENT ON COLUMN replays.item_key IS 'Exact signature as JSON (name, Input Dims, Input type, Input Strides, Concrete Inputs; or op, dtype, elements, group): identifies the item across replays.';
 COMMENT ON COLUMN replays.rank IS 'Rank whose calls the traced times are taken from (op items: all ranks'' calls of the signature).';
-COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm; for collectives the same bytes per step in messages of another size: bucket (a storm''s calls fused into one), msg4x (every 4 calls of a storm fused), split4 (each call cut into 4).';
+COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm; for op chains compile (torch.compile of the chain); for collectives the same bytes per step in messages of another size: bucket (a storm''s calls fused into one), msg4x (every 4 calls of a storm fused), split4 (each call cut into 4).';
 COMMENT ON COLUMN replays.status IS 'replayed, not_rebuildable (the signature does not say enough to call the op again; reason says why), not_applicable (the variant does not apply), failed (the op or process group failed; reason), or rebuildable (a dry run).';
 COMMENT ON COLUMN replays.reason IS 'Why it was not replayed, or what to know when reading it (the group was larger than this machine runs, what a variant leaves out of its timing).';
 COMMENT ON COLUMN replays.device IS 'Device kind replayed on: cpu or cuda.';

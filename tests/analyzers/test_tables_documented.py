@@ -10,7 +10,7 @@ from tests.analyzers.tables import tiny_store
 STORE_TABLES = {"meta", "runs", "ranks", "events", "collectives", "steps", "clock_samples", "metrics",
                 "step_metrics", "findings", "device_peaks", "reduced_ranks", "reduced_spans", "reduced_breakdown",
                 "reduced_exposed_comm", "reduced_dims", "ci_runs", "ci_metrics", "ci_components", "replays", "whatif",
-                "whatif_runs"}
+                "whatif_runs", "exec_nodes"}
 
 
 @pytest.fixture
