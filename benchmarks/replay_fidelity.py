@@ -5,7 +5,15 @@ Records examples/train_gpt.py (2 CPU ranks, gloo, OMP_NUM_THREADS=1) with --no-b
 the planted cases, and prints: the median replayed/traced ratio over the top ops with its range,
 the replays' spread, and each planted case's speedup and verdict.
 
+With --chains, instead: op chains and torch.compile. Records tests/replay/gelu_mlp.py (DDP, 2 CPU
+ranks, an MLP with the tanh GELU written out in eager ops) twice without and twice with
+--execution-trace, interleaved, and prints what the execution trace costs the traced times (median
+step, and the median durations of the GELU's ops, with against without), then replays the top op
+chains of the last recording with the compile variant: traced, replayed, speedup, verdict, compile
+seconds.
+
     .venv/bin/python benchmarks/replay_fidelity.py [--out DIR] [--top N] [--repeats R]
+    .venv/bin/python benchmarks/replay_fidelity.py --chains [--out DIR] [--top 3] [--repeats 9]
 """
 
 from __future__ import annotations
@@ -35,9 +43,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--chains", action="store_true", help="op chains and torch.compile (see above)")
     a = p.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="bprof-replay-bench-"))
     out.mkdir(parents=True, exist_ok=True)
+    if a.chains:
+        return chains(out, a.top, a.repeats)
     db = out / "bench.duckdb"
     db.unlink(missing_ok=True)
     bprof("record", "--out", str(out / "run"), "--db", str(db), "--name", "bench", "--steps", "3:6", "--",
@@ -68,6 +79,48 @@ def main() -> None:
             print(f"  collective {r['item'][:60]:60s} traced {r['traced_ns'] / 1e3:.0f} us ({r['traced_basis']}) replayed "
                   f"{r['replayed_ns'] / 1e3:.0f} us, busbw {r['busbw_bytes_per_s'] / 1e9:.3f} GB/s")
     print(f"store: {db}")
+
+
+GELU_OPS = ("aten::mul", "aten::pow", "aten::add", "aten::tanh")
+
+
+def chains(out: Path, top: int, repeats: int) -> None:
+    import duckdb
+
+    stats = {}
+    for i in range(2):
+        for et in (False, True):
+            name = f"{'et' if et else 'plain'}{i}"
+            db = out / f"{name}.duckdb"
+            db.unlink(missing_ok=True)
+            bprof("record", "--out", str(out / name), "--db", str(db), "--name", name, "--steps", "3:6",
+                  *(["--execution-trace"] if et else []), "--",
+                  sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                  str(ROOT / "tests" / "replay" / "gelu_mlp.py"), "--tokens", "1024", "--hidden", "256", cwd=out)
+            con = duckdb.connect(str(db), read_only=True)
+            step = con.execute("SELECT median(dur_ns) FROM steps").fetchone()[0]
+            ops = dict(con.execute("SELECT name, median(dur_ns) FROM events WHERE kind = 'cpu_op' AND step IS NOT NULL "
+                                   "AND name IN (SELECT unnest(?)) GROUP BY name", [list(GELU_OPS)]).fetchall())
+            con.close()
+            stats[name] = (step, ops)
+            print(f"{name:7s} median step {step / 1e6:7.2f} ms  " + "  ".join(f"{k[6:]} {v / 1e3:.0f} us" for k, v in sorted(ops.items())))
+    for i in range(2):
+        (s0, o0), (s1, o1) = stats[f"plain{i}"], stats[f"et{i}"]
+        op_ratios = [o1[k] / o0[k] for k in GELU_OPS if k in o0 and k in o1]
+        print(f"pair {i}: with/without execution trace: step {s1 / s0:.2f}, GELU op durations "
+              f"{min(op_ratios):.2f}-{max(op_ratios):.2f} (median {statistics.median(op_ratios):.2f})")
+    db = out / "et1.duckdb"
+    rows = json.loads(bprof("replay", "--db", str(db), "--top", str(top), "--repeats", str(repeats), "--variant", "compile",
+                            "--json", cwd=out))
+    base = {r["item_key"]: r for r in rows if r["item_kind"] == "op_chain" and r["variant"] == "baseline"}
+    for r in rows:
+        if r["item_kind"] == "op_chain" and r["variant"] == "compile":
+            b = base[r["item_key"]]
+            timing = (f"replayed {b['replayed_ns'] / 1e3:.0f} us -> compiled {r['replayed_ns'] / 1e3:.0f} us, "
+                      f"{r['speedup']:.2f}x {r['verdict']} (spreads {100 * (b['replayed_spread_frac'] or 0):.0f}% / "
+                      f"{100 * (r['replayed_spread_frac'] or 0):.0f}%)" if r["status"] == "replayed" else r["status"])
+            print(f"  {r['item'][:64]:64s} traced {b['traced_ns'] / 1e3:.0f} us, {timing}; {r['reason']}")
+    print(f"stores: {out}")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import duckdb
 
 from bprof.errors import UsageError
+from bprof.replay.chains import ChainItem, chain_items
 from bprof.store import runs as store_runs
 
 # a Python loop of small matmuls: at least this many same-shape calls in a row on one thread
@@ -106,6 +107,7 @@ class Plan:
     run_name: str
     intra_op_threads: int | None
     ops: list[OpItem] = field(default_factory=list)
+    chains: list[ChainItem] = field(default_factory=list)   # from execution traces, when the run has them
     collectives: list[CollItem] = field(default_factory=list)
 
 
@@ -118,7 +120,8 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None) -> tuple[int, s
 def make_plan(con: duckdb.DuckDBPyConnection, run: str | None, *, top: int = 5, op: str | None = None,
               collectives: bool = True, ops: bool = True) -> Plan:
     """The items to replay: the top `top` op signatures (those a finding names first, then by traced
-    time; or those of op `op`), every loop of small matmuls, and the top collectives and storms."""
+    time; or those of op `op`), every loop of small matmuls, the top `top` op chains of the execution
+    traces (those holding `op`), and the top collectives and storms."""
     run_id, name = resolve_run(con, run)
     plan = Plan(run_id, name, _intra_op_threads(con, run_id))
     if ops:
@@ -128,6 +131,7 @@ def make_plan(con: duckdb.DuckDBPyConnection, run: str | None, *, top: int = 5, 
                                 [run_id, op]).fetchone()[0]
             why = "it has no recorded shapes (record with shapes)" if known else "no such op in the run"
             raise UsageError(f"op {op!r} not found in run {name!r}: {why}")
+        plan.chains = [c for c in chain_items(con, run_id, top, _traced_on(con, run_id)) if op is None or op in c.names]
     if collectives and op is None:
         plan.collectives = _coll_items(con, run_id, top)
     return plan

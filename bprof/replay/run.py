@@ -13,7 +13,7 @@ from bprof.replay.results import ReplayResult, save
 
 from bprof.replay.plan import COLLECTIVE_VARIANTS
 
-VARIANTS = ("bf16", "pad8", "pad64", "pad128", "contiguous", "bmm", *COLLECTIVE_VARIANTS)
+VARIANTS = ("bf16", "pad8", "pad64", "pad128", "contiguous", "bmm", "compile", *COLLECTIVE_VARIANTS)
 DEFAULT_VARIANTS = VARIANTS
 
 
@@ -43,12 +43,13 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
     torch = _import_torch()
     say = progress or (lambda message: None)
     plan = make_plan(con, options.run, top=options.top, op=options.op, ops=not options.collectives_only)
-    traced_on = plan.ops[0].traced_on if plan.ops else "cpu"
+    traced_on = plan.ops[0].traced_on if plan.ops else plan.chains[0].traced_on if plan.chains else "cpu"
     device = options.device or traced_on
     dev = _device(torch, "meta" if options.dry_run else device)
     if options.dry_run:
         return plan, _listing(torch, plan, dev)
     results: list[ReplayResult] = []
+    from bprof.replay.chain_ops import replay_chain
     from bprof.replay.ops import intra_op_threads, replay_op
 
     op_variants = tuple(v for v in options.variants if v not in COLLECTIVE_VARIANTS)
@@ -56,6 +57,9 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
         for k, item in enumerate(plan.ops):
             say(f"op {k + 1}/{len(plan.ops)}: {item.label}")
             results += replay_op(torch, item, dev, op_variants, options.repeats, options.min_time_s, threads)
+        for k, item in enumerate(plan.chains):
+            say(f"chain {k + 1}/{len(plan.chains)}: {item.label}" + (" (compiling)" if "compile" in op_variants else ""))
+            results += replay_chain(torch, item, dev, op_variants, options.repeats, options.min_time_s, threads)
     if plan.collectives:
         from bprof.replay.comm import replay_collectives
 
@@ -87,6 +91,17 @@ def _listing(torch, plan: Plan, dev) -> list[ReplayResult]:
                          traced_basis=_basis(item), finding_id=item.finding_id, finding_title=item.finding_title)
         try:
             rebuild(torch, item.name, item.dims, item.types, item.strides, item.concrete, dev)
+        except NotRebuildable as exc:
+            r.status, r.reason = "not_rebuildable", str(exc)
+        out.append(r)
+    if plan.chains:
+        from bprof.replay.chain_ops import _basis as chain_basis, build_chain
+    for item in plan.chains:
+        r = ReplayResult(item.kind, item.label, item.key, item.rank, "baseline", "rebuildable", item.traced_on,
+                         calls_per_step=item.calls_per_step, traced_ns=int(statistics.median(item.traced_ns)),
+                         traced_spread_frac=spread_of(item.traced_ns), traced_basis=chain_basis(item))
+        try:
+            build_chain(torch, item, dev)
         except NotRebuildable as exc:
             r.status, r.reason = "not_rebuildable", str(exc)
         out.append(r)

@@ -23,12 +23,20 @@ def record_train_gpt(out: Path, name: str, trainer_args: list[str], *, record_ar
                      nproc: int = 2, steps: str = "3:6", timeout: int = 300) -> Path:
     """Record train_gpt.py (DP over `nproc` CPU ranks) into out/<name>.duckdb; returns the store path.
     Reruns once when torch 2.13 aborted the job at interpreter exit, and only then."""
+    return record_script(out, name, TRAINER, ["--tp", "1", "--dp", str(nproc), "--steps", str(int(steps.split(":")[1]) + 1),
+                                              *trainer_args], record_args=record_args, nproc=nproc, steps=steps,
+                         timeout=timeout)
+
+
+def record_script(out: Path, name: str, script: Path, script_args: list[str], *, record_args: list[str] = (),
+                  nproc: int = 2, steps: str = "3:6", timeout: int = 300) -> Path:
+    """`bprof record --steps STEPS [record_args] -- torchrun --nproc_per_node NPROC script [script_args]`
+    into out/<name>.duckdb (OMP_NUM_THREADS=1); returns the store path."""
     db = out / f"{name}.duckdb"
     cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(out / name), "--db", str(db),
            "--name", name, "--steps", steps, *record_args, "--",
            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(TRAINER), "--tp", "1", "--dp", str(nproc), "--steps", str(int(steps.split(":")[1]) + 1),
-           *trainer_args]
+           str(script), *script_args]
     for attempt in range(2):
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=out,
                               env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -5,31 +5,17 @@ dispatch, and sends them back in the combine: per rank 1,536 against 512 tokens,
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.analyzers.recorded import analysed
-from tests.conftest import upstream_exit_abort
+from tests.analyzers.recorded import analysed, record_script
 
 SCRIPT = Path(__file__).resolve().parent / "moe_dispatch.py"
 
 
 def record_moe(out: Path, name: str, skew: float) -> Path:
-    db = out / f"{name}.duckdb"
-    cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(out / name), "--db", str(db), "--name", name,
-           "--steps", "3:6", "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(SCRIPT), "--skew", str(skew)]
-    for attempt in range(2):
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=out,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if attempt or not upstream_exit_abort(done):
-            break
-    assert done.returncode == 0, done.stderr[-3000:]
-    return db
+    return record_script(out, name, SCRIPT, ["--skew", str(skew)])
 
 
 @pytest.fixture(scope="module")
