@@ -8,15 +8,19 @@ count m and schedule from bubbles_runs), from each rank's own send/recv times in
   kept as measured). Its busy time in the section = the bubbles analysis's busy_ns (the step less
   its exposed send/recv time: on GPU a recv kernel that runs beside compute is not waiting) less
   pre_s and post_s. The section holds m forwards and backwards (m-1 on the first stage, whose first
-  forward comes before its first send and last backward after its last recv): u_s = busy / that
-  count is one micro-batch's forward + backward, and forward F_s = u_s / 3, backward B_s = 2 u_s / 3
-  (the usual 1:2 of their FLOPs; only the fill and drain depend on the split). The first stage's
-  pre and post lose that first forward and last backward.
+  forward comes before its first send and last backward after its last recv; with interleaving v*m
+  and v*m-1, one per model chunk): u_s = busy / that count is one micro-batch's forward + backward
+  (of one chunk), and forward F_s = u_s / 3, backward B_s = 2 u_s / 3 (the usual 1:2 of their FLOPs;
+  only the fill and drain depend on the split). The first stage's pre and post lose that first
+  forward and last backward.
 - c_s: the median transfer of its recvs matched with their send (a join: the member's exit after
   the last arrival); 0 when no recv of the stage was matched (a solo recv's duration includes its
   wait, not a transfer), and the assumptions say so.
 The model pipeline: each stage runs its chunks in the schedule's order (1F1B: p-1-s warm-up
-forwards, one forward one backward, cool-down backwards; GPipe: all forwards, then all backwards);
+forwards, one forward one backward, cool-down backwards; GPipe: all forwards, then all backwards;
+interleaved 1F1B: Megatron's virtual pipeline, stage s holding model chunks s, s+p, .., s+(v-1)p, its
+forwards and backwards in groups of p micro-batches per chunk, (p-1-s)*2 + (v-1)*p warm-up forwards,
+all of them when m = p; the last stage hands a micro-batch to the first for its next chunk);
 a chunk that needs a neighbour's output first receives it: a join that ends c_s after both the
 send and the recv were posted; a send does not hold its sender (a ghost rank per message carries
 the post time to the join). The engine replays it with m and with M micro-batches; each rank's
@@ -43,13 +47,14 @@ FORWARD_SHARE = 1 / 3
 class Pipeline:
     num_stages: int
     num_microbatches: int
-    schedule: str  # 1f1b or gpipe
+    schedule: str  # 1f1b, gpipe or interleaved-1f1b
     schedule_known: bool = True  # False: the send/recv calls do not tell (m <= p) and none was declared: 1f1b assumed
+    num_chunks: int = 1  # model chunks per stage (interleaved-1f1b)
 
     @classmethod
     def of_run(cls, con: duckdb.DuckDBPyConnection, run_id: int, scenario: str) -> "Pipeline":
         has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'bubbles_runs' AND NOT temporary").fetchone()[0]
-        row = con.execute("SELECT num_stages, num_microbatches, schedule FROM bubbles_runs WHERE run_id = ?",
+        row = con.execute("SELECT num_stages, num_microbatches, schedule, num_chunks FROM bubbles_runs WHERE run_id = ?",
                           [run_id]).fetchone() if has else None
         if row is None or row[0] is None or row[0] < 2 or not row[1]:
             raise UsageError(f"scenario {scenario!r}: run {run_id} has no pipeline (the bubbles analysis found no "
@@ -57,7 +62,7 @@ class Pipeline:
         if row[1] < 2:
             raise UsageError(f"scenario {scenario!r}: run {run_id} has {row[1]} micro-batch per step; the model "
                              "measures a micro-batch's work from at least 2")
-        return cls(int(row[0]), int(row[1]), row[2] or "1f1b", row[2] is not None)
+        return cls(int(row[0]), int(row[1]), row[2] or "1f1b", row[2] is not None, int(row[3] or 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,7 @@ class StageTimes:
     backward_ns: np.ndarray
     transfer_ns: np.ndarray
     post_ns: np.ndarray
+    chunks: int = 1  # model chunks per stage: forward_ns and backward_ns are one chunk's
 
 
 def stage_times(m: StepModel, pipe: Pipeline, busy_ns: dict[int, int], work: np.ndarray,
@@ -101,7 +107,7 @@ def stage_times(m: StepModel, pipe: Pipeline, busy_ns: dict[int, int], work: np.
         pre, post = start - span_start, span_end - end
         inside = rows[(g.arrival_ns[rows] >= start) & (g.arrival_ns[rows] <= end)]
         changed = int((work[inside] - m.work[inside]).sum() + (exit_after[inside] - m.exit_after[inside])[~is_recv[inside]].sum())
-        chunks = pipe.num_microbatches - (1 if s == 0 else 0)
+        chunks = pipe.num_chunks * pipe.num_microbatches - (1 if s == 0 else 0)
         u = max(busy_ns[rank] - pre - post + changed, 0) / chunks
         if s == 0:  # its first forward is before its first send, its last backward after its last recv
             pre, post = pre - FORWARD_SHARE * u, post - (1 - FORWARD_SHARE) * u
@@ -117,11 +123,11 @@ def stage_times(m: StepModel, pipe: Pipeline, busy_ns: dict[int, int], work: np.
     start = med[:, 0] - med[:, 0].min()
     return StageTimes(np.rint(start).astype(np.int64), np.rint(med[:, 1]).astype(np.int64),
                       np.rint(FORWARD_SHARE * med[:, 2]).astype(np.int64), np.rint((1 - FORWARD_SHARE) * med[:, 2]).astype(np.int64),
-                      np.rint(med[:, 3]).astype(np.int64), np.rint(med[:, 4]).astype(np.int64))
+                      np.rint(med[:, 3]).astype(np.int64), np.rint(med[:, 4]).astype(np.int64), pipe.num_chunks)
 
 
 def order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
-    """(F|B, micro-batch) in the order one stage runs them."""
+    """(F|B, micro-batch) in the order one stage runs them (1f1b, gpipe)."""
     if schedule == "gpipe":
         return [("F", k) for k in range(microbatches)] + [("B", k) for k in range(microbatches)]
     warmup = min(stages - 1 - stage, microbatches)
@@ -131,28 +137,53 @@ def order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tup
     return out + [("B", k) for k in range(microbatches - warmup, microbatches)]
 
 
+def interleaved_order(stage: int, stages: int, microbatches: int, chunks: int) -> list[tuple[str, int, int]]:
+    """(F|B, micro-batch, chunk of the stage) in the order one stage runs them under Megatron's
+    interleaved 1F1B (forward_backward_pipelining_with_interleaving): virtual micro-batch k is
+    micro-batch (k // (p*v)) * p + k % p on chunk (k % (p*v)) // p, backwards on the chunks in reverse."""
+    p, v, m = stages, chunks, microbatches
+    if m % p:
+        raise UsageError(f"interleaved 1F1B needs micro-batches divisible by the {p} stages (as Megatron), not {m}")
+    total = v * m
+    warmup = total if m == p else min((p - stage - 1) * 2 + (v - 1) * p, total)
+
+    def item(kind, k):
+        c = (k % (p * v)) // p
+        return kind, (k // (p * v)) * p + k % p, c if kind == "F" else v - 1 - c
+
+    out = [item("F", k) for k in range(warmup)]
+    for k in range(total - warmup):
+        out += [item("F", warmup + k), item("B", k)]
+    return out + [item("B", k) for k in range(total - warmup, total)]
+
+
 def stage_ends(t: StageTimes, schedule: str, microbatches: int) -> np.ndarray:
     """Each stage's replayed end (ns after the earliest stage start) with `microbatches`."""
     p = len(t.pre_ns)
+    v = t.chunks if schedule == "interleaved-1f1b" else 1
+    last = p * v - 1  # the last model chunk; model chunk c*p + s is chunk c of stage s
     chains: list[list[tuple[int, int, int]]] = [[] for _ in range(p)]  # per rank: (instance, work before, exit after)
-    send_of: dict[tuple[str, int, int], int] = {}  # (chunk, micro-batch, to stage) -> join instance
+    send_of: dict[tuple[str, int, int], int] = {}  # (F|B, micro-batch, receiving model chunk) -> join instance
     ghosts: list[tuple[int, list[tuple[int, int, int]]]] = []  # (sender stage, chain)
     n_inst = 0
     for s in range(p):
         pending = int(t.pre_ns[s])  # work since the stage's last join
-        for chunk, k in order(schedule, s, p, microbatches):
+        items = (interleaved_order(s, p, microbatches, v) if v > 1
+                 else [(kind, k, 0) for kind, k in order(schedule, s, p, microbatches)])
+        for chunk, k, c in items:
             fwd = chunk == "F"
-            src = s - 1 if fwd else s + 1
-            if 0 <= src < p:  # receive the neighbour's output: the join of this message
-                key = (chunk, k, s)
+            mc = c * p + s
+            src = mc - 1 if fwd else mc + 1
+            if 0 <= src <= last:  # receive the neighbour's output: the join of this message
+                key = (chunk, k, mc)
                 if key not in send_of:
                     send_of[key] = n_inst
                     n_inst += 1
                 chains[s].append((send_of[key], pending, int(t.transfer_ns[s])))
                 pending = 0
             pending += int(t.forward_ns[s] if fwd else t.backward_ns[s])
-            dst = s + 1 if fwd else s - 1
-            if 0 <= dst < p:  # post the send: a ghost joins the sender here and the receiver's join later
+            dst = mc + 1 if fwd else mc - 1
+            if 0 <= dst <= last:  # post the send: a ghost joins the sender here and the receiver's join later
                 key = (chunk, k, dst)
                 if key not in send_of:
                     send_of[key] = n_inst
@@ -219,6 +250,16 @@ def _topological(chains: list[list[tuple[int, int, int]]], n_inst: int) -> np.nd
     if placed != len(members):
         raise RuntimeError("the pipeline model deadlocked: a recv has no send")
     return position
+
+
+def interleaved_step_ns(stage_work_ns: np.ndarray, microbatches: int, chunks: int) -> int:
+    """The step of `microbatches` equal micro-batches through an interleaved 1F1B pipeline whose
+    stage s takes stage_work_ns[s] for one chunk's forward and twice that for its backward (free
+    transfers), replayed with the engine; (v*m + p - 1) x 3 t for equal stages."""
+    work = np.asarray(stage_work_ns, dtype=np.int64)
+    zero = np.zeros(len(work), dtype=np.int64)
+    ends = stage_ends(StageTimes(zero, zero, work, 2 * work, zero, zero, chunks), "interleaved-1f1b", microbatches)
+    return int(ends.max())
 
 
 def flow_shop_ns(stage_work_ns: np.ndarray, microbatches: int) -> int:
