@@ -2,6 +2,11 @@
 calls, cross-checked with what the training script declared), how long each stage waits for its
 neighbours per step against the schedule's theory, and which stage's extra work causes the excess.
 
+Schedules: 1F1B and GPipe (a chain of stages; theory (p-1)/(m+p-1)) and interleaved 1F1B (v model
+chunks per stage; theory (p-1)/(v*m+p-1)): with p >= 3 its send/recv calls form a ring (the last
+stage sends to the first for the next chunk), and m and v come from the calls; with p = 2 the ring is
+one link both ways, and the declared chunks and micro-batches are used when the calls fit them.
+
 Reads collectives, timeline_spans, breakdown_steps, breakdown_dims, breakdown_groups, runs; writes
 bubbles_stages, bubbles_runs (definitions in bubbles.sql). A run without send/recv calls has no
 pipeline and gets nothing: no rows, no finding.
@@ -16,7 +21,7 @@ import duckdb
 import numpy as np
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
-from bprof.whatif.pipeline import flow_shop_ns
+from bprof.whatif.pipeline import flow_shop_ns, interleaved_step_ns
 
 NAME = "bubbles"
 TABLES = ["bubbles_stages", "bubbles_runs"]
@@ -46,18 +51,23 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     stages = _stages(con, run_id)
     imbalance = _imbalance_finding(run, stages)
     bubble = _bubble_finding(run, stages, imbalance)
-    result.findings += [f for f in (bubble, imbalance, _declared_mismatch(run)) if f]
+    [metadata] = con.execute("SELECT metadata FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    chunks = ((json.loads(metadata) if metadata else {}).get("bprof_model") or {}).get("chunks")
+    result.findings += [f for f in (bubble, imbalance, _declared_mismatch(run, chunks)) if f]
     return result
 
 
 def _imbalance_lost_ns(con, run_id, run) -> int | None:
     """What the slowest stage costs, replayed with the what-if engine: m equal micro-batches through
     the stages, each taking its median busy time / m, against the same with the slowest stage at the
-    median of the others (None without another stage or a micro-batch count).
+    median of the others (None without another stage or a micro-batch count). With v > 1 chunks per
+    stage the replay is the interleaved 1F1B schedule, each chunk's forward taking busy / (3 v m) and
+    its backward twice that.
 
     The replay runs on the stages' whole busy times (m x the step, integer ns after x SCALE: the
-    medians are multiples of 1/8 ns) and divides at the end, so no rounding per micro-batch."""
-    m, slowest = run["num_microbatches"], run["slowest_stage"]
+    medians are multiples of 1/8 ns) and divides at the end, so no rounding per micro-batch (the
+    replayed step scales with the stage times)."""
+    m, slowest, v = run["num_microbatches"], run["slowest_stage"], run["num_chunks"]
     busy = dict(con.execute("""
         WITH stage_step AS (SELECT stage, step, median(busy_ns) AS busy_ns FROM bubbles_stages WHERE run_id = ? GROUP BY stage, step)
         SELECT stage, median(busy_ns) FROM stage_step GROUP BY stage ORDER BY stage""", [run_id]).fetchall())
@@ -67,7 +77,11 @@ def _imbalance_lost_ns(con, run_id, run) -> int | None:
     scaled = {s: round(v * SCALE) for s, v in busy.items()}
     balanced = {**scaled, slowest: round(float(np.median(others)) * SCALE)}
     stages = sorted(busy)
-    diff = flow_shop_ns(np.array([scaled[s] for s in stages]), m) - flow_shop_ns(np.array([balanced[s] for s in stages]), m)
+    work, even = np.array([scaled[s] for s in stages]), np.array([balanced[s] for s in stages])
+    if v > 1 and m % len(stages) == 0:
+        diff = interleaved_step_ns(work, m, v) - interleaved_step_ns(even, m, v)
+        return int(math.floor(diff / (SCALE * 3 * v * m) + 0.5))
+    diff = flow_shop_ns(work, m) - flow_shop_ns(even, m)
     return int(math.floor(diff / (SCALE * m) + 0.5))
 
 
@@ -87,7 +101,21 @@ def _stages(con, run_id) -> dict[int, dict]:
 
 def _shape(run) -> str:
     sched = {"1f1b": "1F1B", "gpipe": "GPipe"}.get(run["schedule"], "1F1B/GPipe")
+    if run["num_chunks"] > 1:
+        sched = f"interleaved 1F1B, v={run['num_chunks']} chunks per stage"
     return f"{sched}, p={run['num_stages']} stages, m={run['num_microbatches']} micro-batches"
+
+
+def _theory_text(run) -> str:
+    return "(p-1)/(v*m+p-1)" if run["num_chunks"] > 1 else "(p-1)/(m+p-1)"
+
+
+def _replay_text(run) -> str:
+    """How the imbalance replay prices a stage's work (see _imbalance_lost_ns)."""
+    if run["num_chunks"] > 1:
+        return ("the interleaved 1F1B schedule replayed chunk by chunk (each stage's v chunks of a micro-batch "
+                "taking t / v, forward 1/3 and backward 2/3 of it; (v*m+p-1) x t / v for equal stages)")
+    return "the step runs at the pace of its slowest stage, T = sum of t + (m-1) x max t"
 
 
 def _imbalance_finding(run, stages) -> Finding | None:
@@ -115,13 +143,12 @@ def _imbalance_finding(run, stages) -> Finding | None:
         f"head and loss on the last), or split the model by measured stage time rather than by layer count.",
         f"Counterfactual: stage {s} does the median work of the other stages. The what-if engine replays the "
         f"pipeline's micro-batches through stages that take t each, t = a stage's busy time per micro-batch "
-        f"(busy = step span - time waiting for neighbours): the step runs at the pace of its slowest stage, "
-        f"T = sum of t + (m-1) x max t; the step would be shorter by "
+        f"(busy = step span - time waiting for neighbours): {_replay_text(run)}; the step would be shorter by "
         f"{lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step, and its ratio to the others "
         f"varies by {mad or 0:.3f} (MAD over steps). Busy ns per stage: {busy}.",
         lost_ns,
         {"ranks": stages[s]["ranks"], "steps": stages[s]["steps"], "stage": s, "ratio": ratio,
-         "busy_ns_by_stage": busy, "num_microbatches": run["num_microbatches"]})
+         "busy_ns_by_stage": busy, "num_microbatches": run["num_microbatches"], "num_chunks": run["num_chunks"]})
 
 
 def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
@@ -152,9 +179,10 @@ def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
         severity_for(lost_ns, step_ns),
         f"Pipeline bubble above theory: {measured:.1%} of the step waiting for neighbour stages vs "
         f"{theory:.1%} for {_shape(run)}",
-        advice + " More micro-batches per step or an interleaved schedule also shrink the bubble.",
+        advice + (" More micro-batches per step or more model chunks per stage also shrink the bubble."
+                  if run["num_chunks"] > 1 else " More micro-batches per step or an interleaved schedule also shrink the bubble."),
         f"Counterfactual: the same total work spread evenly over the stages, each waiting only the schedule's "
-        f"share (p-1)/(m+p-1) of the step: step' = mean busy time / (1 - theory); the step would be shorter by "
+        f"share {_theory_text(run)} of the step: step' = mean busy time / (1 - theory); the step would be shorter by "
         f"{lost_ns / 1e6:.2f} ms ({run['excess_frac']:.1%} of the step above theory). Every analysed step is "
         f"above theory; the bubble fraction varies by {mad or 0:.3f} (MAD over steps). {cause} Bubble fraction per "
         f"stage: {fracs}.",
@@ -162,14 +190,16 @@ def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
         {"ranks": sorted(r for v in stages.values() for r in v["ranks"]),
          "steps": sorted({s for v in stages.values() for s in v["steps"]}),
          "bubble_frac_measured": measured, "bubble_frac_theory": theory, "bubble_frac_by_stage": fracs,
-         "num_stages": run["num_stages"], "num_microbatches": run["num_microbatches"], "schedule": run["schedule"]})
+         "num_stages": run["num_stages"], "num_microbatches": run["num_microbatches"], "num_chunks": run["num_chunks"],
+         "schedule": run["schedule"]})
 
 
-def _declared_mismatch(run) -> Finding | None:
+def _declared_mismatch(run, declared_chunks) -> Finding | None:
     """The training script declared a different pipeline than the send/recv calls show."""
     pairs = [("pp", run["declared_stages"], run["num_stages"], run["stages_source"]),
              ("microbatches", run["declared_microbatches"], run["num_microbatches"], run["microbatches_source"]),
-             ("schedule", run["declared_schedule"], run["schedule"], run["schedule_source"])]
+             ("schedule", run["declared_schedule"], run["schedule"], run["schedule_source"]),
+             ("chunks", declared_chunks if isinstance(declared_chunks, int) else None, run["num_chunks"], run["schedule_source"])]
     wrong = [(k, d, m) for k, d, m, src in pairs if d is not None and m is not None and src != "declared" and d != m]
     if not wrong:
         return None
@@ -191,8 +221,8 @@ def _missing_pipeline(con, run_id) -> Finding | None:
         return not_measurable(
             "Pipeline bubbles not measurable: the send/recv calls do not form a pipeline",
             f"{num_p2p} send/recv calls, but no chain of stages in the analysed steps (no rank that sends "
-            f"before it receives and has no upstream peer; a ring of sends, as interleaved 1F1B makes, is "
-            f"not recognised yet), or no ProfilerStep ranges around them.",
+            f"before it receives and has no upstream peer, nor a ring of stages, as interleaved 1F1B makes, "
+            f"that closes on a rank starting its steps with a send), or no ProfilerStep ranges around them.",
             "Record with `bprof record` (it records the peer of each send/recv and marks the steps).",
             num_p2p_calls=num_p2p, declared_stages=declared)
     if isinstance(declared, int) and declared > 1:

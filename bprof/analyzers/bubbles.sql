@@ -13,10 +13,22 @@
 --   than 2 ranks) a pipeline is its send/recv group, in the group's rank order (Megatron and
 --   torchtitan list a pipeline group by stage), reversed when it is the last member that starts
 --   its steps with a send. One chain of stages is one pipeline (one per DP/TP position).
+-- * Interleaved 1F1B (Megatron's virtual pipeline: stage s holds model chunks s, s+p, .., the last
+--   stage sends to the first for the next chunk) makes the downstream links a ring when p >= 3: every
+--   rank has an upstream neighbour. The ring's first stage is the rank that starts its steps with a
+--   send (it feeds the data into model chunk 0); the others start with a receive. With p = 2 the
+--   ring is the two ranks' one link both ways, a chain in the send/recv calls.
 -- * num_microbatches (m) = the first stage's forward sends per step = (sends + receives) per step /
---   2 per neighbour on any stage (an activation and a gradient per micro-batch and link).
--- * schedule: on the first stage, the forward sends before its first gradient arrives: all m
---   (GPipe) or at most p (1F1B). With m <= p the two send the same pattern: not detected.
+--   2 per neighbour on any stage (an activation and a gradient per micro-batch and link). In a ring
+--   of v chunks per stage, the first stage sends v*m activations downstream and (v-1)*m gradients
+--   upstream (none for model chunk 0): m = the difference, v = downstream sends / m, and every
+--   stage's calls per step are 2*(2v-1)*m (first and last) or 4*v*m (the others).
+-- * schedule: a ring is interleaved-1f1b. Else, on the first stage, the forward sends before its
+--   first gradient arrives: all m (GPipe) or at most p (1F1B). With m <= p the two send the same
+--   pattern: not detected. A chain whose first stage sends (2v-1)*m per step, with v chunks, m
+--   micro-batches and interleaving declared (bprof_model.chunks, .microbatches, .schedule), is
+--   interleaved-1f1b from the declaration: with p = 2 (or without known peers) the calls cannot tell
+--   it from 1F1B with (2v-1)*m micro-batches.
 -- * bubble_ns of a rank's step = the exposed communication of the pipeline's send/recv calls: time
 --   the rank's timeline (the device; the main thread on CPU traces) is in a send/recv (NCCL kernel
 --   in flight, main thread blocked in the c10d/gloo call) with no compute running =
@@ -27,7 +39,7 @@
 -- * busy_ns = span_ns - bubble_ns: the stage's own work in the step (compute, its host gaps, the
 --   optimizer, other communication). bubble_frac = bubble_ns / span_ns.
 -- * Theory, with p stages, m micro-batches and equal stages: (p-1)/(m+p-1) for 1F1B and GPipe
---   (and (p-1)/(v*m+p-1) for interleaved 1F1B with v chunks, not detected yet: v = 1). Work outside
+--   (v = 1), (p-1)/(v*m+p-1) for interleaved 1F1B with v chunks per stage. Work outside
 --   the pipeline (optimizer, gradient sync) is not in the theory: a large share of it lowers the
 --   measured fraction by about that share.
 -- * Run figures: per stage and step the median over the stage's ranks (pipelines); per stage the
@@ -43,10 +55,10 @@ CREATE TABLE IF NOT EXISTS bubbles_stages (
 COMMENT ON TABLE bubbles_stages IS 'Each pipeline rank''s step: its stage, the micro-batches through it, and how long it waited for its neighbours (the bubble).';
 COMMENT ON COLUMN bubbles_stages.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN bubbles_stages.rank IS 'Global rank.';
-COMMENT ON COLUMN bubbles_stages.pipeline IS 'The pipeline (chain of stages) the rank belongs to, named by the global rank of its first stage.';
+COMMENT ON COLUMN bubbles_stages.pipeline IS 'The pipeline (chain or ring of stages) the rank belongs to, named by the global rank of its first stage.';
 COMMENT ON COLUMN bubbles_stages.stage IS 'Pipeline stage, 0 = first (it feeds the data in and sends activations forward).';
 COMMENT ON COLUMN bubbles_stages.step IS 'Profiler step.';
-COMMENT ON COLUMN bubbles_stages.num_microbatches IS 'Micro-batches through this stage in the step: its send/recv calls / (2 per neighbour).';
+COMMENT ON COLUMN bubbles_stages.num_microbatches IS 'Micro-batches through this stage in the step: its send/recv calls / (2 per neighbour), per chunk boundary with interleaving: / (2*(2v-1)) on the first and last stage, / (4v) on the others.';
 COMMENT ON COLUMN bubbles_stages.span_ns IS 'Step span (timeline_spans.dur_ns): the step time.';
 COMMENT ON COLUMN bubbles_stages.compute_ns IS 'Compute time in the step, hidden communication included (breakdown_steps.compute_ns + overlapped_comm_ns).';
 COMMENT ON COLUMN bubbles_stages.busy_ns IS 'span_ns - bubble_ns: the stage''s own work in the step (compute, host gaps, optimizer, other communication).';
@@ -66,17 +78,17 @@ CREATE TABLE IF NOT EXISTS bubbles_runs (
 );
 COMMENT ON TABLE bubbles_runs IS 'The pipeline of a run (stages, micro-batches, schedule, and where each came from), its measured bubble against the schedule''s theory, and its slowest stage.';
 COMMENT ON COLUMN bubbles_runs.run_id IS 'Run (runs.run_id).';
-COMMENT ON COLUMN bubbles_runs.num_pipelines IS 'Chains of stages found (one per data/tensor-parallel position).';
-COMMENT ON COLUMN bubbles_runs.num_stages IS 'Pipeline stages p (the most common chain length).';
-COMMENT ON COLUMN bubbles_runs.num_microbatches IS 'Micro-batches per step m: the first stage''s forward sends per step (most common), or declared when it sends none.';
-COMMENT ON COLUMN bubbles_runs.num_chunks IS 'Model chunks per stage v of interleaved 1F1B; always 1: interleaving is not detected (a ring of send/recv is not recognised as a pipeline).';
-COMMENT ON COLUMN bubbles_runs.schedule IS '1f1b or gpipe (detected, else declared); NULL when neither tells (the theory is the same for both).';
+COMMENT ON COLUMN bubbles_runs.num_pipelines IS 'Chains (or rings) of stages found (one per data/tensor-parallel position).';
+COMMENT ON COLUMN bubbles_runs.num_stages IS 'Pipeline stages p (the most common chain or ring length).';
+COMMENT ON COLUMN bubbles_runs.num_microbatches IS 'Micro-batches per step m: the first stage''s forward sends per step (most common; in a ring its downstream less its upstream sends), or declared when it sends none or interleaving is declared and its sends fit.';
+COMMENT ON COLUMN bubbles_runs.num_chunks IS 'Model chunks per stage v: 1 for 1F1B and GPipe; for interleaved 1F1B the first stage''s downstream sends / m in a ring (p >= 3, schedule_source p2p), else bprof_model.chunks when the first stage''s sends per step are (2v-1)*m (schedule_source declared).';
+COMMENT ON COLUMN bubbles_runs.schedule IS '1f1b, gpipe or interleaved-1f1b (detected, else declared); NULL when neither tells (the theory is the same for 1F1B and GPipe).';
 COMMENT ON COLUMN bubbles_runs.stages_source IS 'p2p_peers (peers of the send/recv calls) or p2p_group (rank order of the send/recv groups).';
 COMMENT ON COLUMN bubbles_runs.microbatches_source IS 'p2p (counted) or declared (bprof_model.microbatches).';
-COMMENT ON COLUMN bubbles_runs.schedule_source IS 'p2p (the first stage''s send/recv order), declared (bprof_model.schedule) or NULL.';
+COMMENT ON COLUMN bubbles_runs.schedule_source IS 'p2p (a ring of stages, or the first stage''s send/recv order), declared (bprof_model.schedule) or NULL.';
 COMMENT ON COLUMN bubbles_runs.declared_stages IS 'bprof_model.pp declared by the training script, for the cross-check; NULL if none.';
 COMMENT ON COLUMN bubbles_runs.declared_microbatches IS 'bprof_model.microbatches declared by the training script; NULL if none.';
-COMMENT ON COLUMN bubbles_runs.declared_schedule IS 'bprof_model.schedule declared by the training script; NULL if none.';
+COMMENT ON COLUMN bubbles_runs.declared_schedule IS 'bprof_model.schedule declared by the training script (interleaved read as interleaved-1f1b); NULL if none.';
 COMMENT ON COLUMN bubbles_runs.p2p_dims IS 'Parallel dimensions (breakdown_groups.dim) of the send/recv groups, whose exposed communication is the bubble.';
 COMMENT ON COLUMN bubbles_runs.num_steps IS 'Steps analysed.';
 COMMENT ON COLUMN bubbles_runs.median_step_ns IS 'Median over steps of the step span (mean over stages).';
@@ -125,20 +137,26 @@ GROUP BY rank, peer;
 
 -- Algorithm: with known peers, walk each chain from its first stage (a rank with a downstream link
 -- and no upstream one) along the single downstream link of each rank; the walk stops at a rank
--- without one, or where it would close a ring. Without known peers, the chain is the send/recv
--- group in its rank order, reversed when its last member is the one that starts with a send.
+-- without one, or where it would close a ring. A ring is walked from the rank that starts its steps
+-- with a send and has one upstream link, and kept only when the walk comes back to it. Without known
+-- peers, the chain is the send/recv group in its rank order, reversed when its last member is the
+-- one that starts with a send.
 CREATE OR REPLACE TEMP TABLE _bubbles_chain AS
 WITH RECURSIVE down AS (
     SELECT rank, any_value(peer) AS peer FROM _bubbles_links WHERE downstream GROUP BY rank HAVING count(*) = 1
 ), heads AS (
-    SELECT r.rank FROM _bubbles_rank r
+    SELECT r.rank, EXISTS (SELECT 1 FROM _bubbles_links l WHERE l.rank = r.rank AND NOT l.downstream) AS ring
+    FROM _bubbles_rank r
     WHERE r.peers_known AND r.rank IN (SELECT rank FROM down)
-      AND NOT EXISTS (SELECT 1 FROM _bubbles_links l WHERE l.rank = r.rank AND NOT l.downstream)
+      AND (SELECT count(*) FILTER (WHERE NOT l.downstream) FROM _bubbles_links l WHERE l.rank = r.rank)
+          <= CASE WHEN r.starts_with_send THEN 1 ELSE 0 END
 ), walk(pipeline, rank, stage) AS (
     SELECT rank, rank, 0 FROM heads
     UNION ALL
     SELECT w.pipeline, d.peer, w.stage + 1 FROM walk w JOIN down d ON d.rank = w.rank
     WHERE d.peer <> w.pipeline AND w.stage < (SELECT count(*) FROM _bubbles_rank)
+), closed AS (  -- rings whose walk comes back to their first stage
+    SELECT DISTINCT w.pipeline FROM walk w JOIN down d ON d.rank = w.rank AND d.peer = w.pipeline
 ), grouped AS (
     SELECT r.rank, r.pg_ranks, list_position(r.pg_ranks, r.rank) - 1 AS pos, len(r.pg_ranks) AS n,
         coalesce(l.starts_with_send AND NOT f.starts_with_send, false) AS reversed
@@ -147,15 +165,69 @@ WITH RECURSIVE down AS (
     LEFT JOIN _bubbles_rank l ON l.rank = r.pg_ranks[len(r.pg_ranks)]
     WHERE NOT r.peers_known AND list_contains(r.pg_ranks, r.rank) AND len(r.pg_ranks) > 1
 ), chains AS (
-    SELECT pipeline, rank, stage, 'p2p_peers' AS source FROM walk
+    SELECT w.pipeline, w.rank, w.stage, 'p2p_peers' AS source, h.ring FROM walk w JOIN heads h ON h.rank = w.pipeline
+    WHERE NOT h.ring OR w.pipeline IN (SELECT pipeline FROM closed)
     UNION ALL
     SELECT CASE WHEN reversed THEN pg_ranks[n] ELSE pg_ranks[1] END, rank,
-        CASE WHEN reversed THEN n - 1 - pos ELSE pos END, 'p2p_group'
+        CASE WHEN reversed THEN n - 1 - pos ELSE pos END, 'p2p_group', false
     FROM grouped
 )
 SELECT c.*, max(c.stage) OVER (PARTITION BY c.pipeline) + 1 AS num_stages
 FROM chains c
 QUALIFY row_number() OVER (PARTITION BY c.rank ORDER BY c.pipeline, c.stage) = 1;
+
+-- Algorithm: the shape (p, m, v, schedule) from the chains and the first stages' calls (per step,
+-- the most common count over the first stages' steps), cross-checked with the declaration. In order:
+-- a ring whose first stage's downstream sends d and upstream sends u give m = d - u > 0 dividing d
+-- (v = d / m, interleaved-1f1b from the calls); a run declaring interleaving with v >= 2 chunks and m
+-- micro-batches whose first stage sends (2v-1)*m per step (interleaved-1f1b, m and v declared); else
+-- m = the first stage's sends, v = 1, 1F1B or GPipe by its sends before its first receive.
+CREATE OR REPLACE TEMP TABLE _bubbles_shape AS
+WITH declared AS (
+    SELECT TRY_CAST(json_extract(metadata, '$.bprof_model.pp') AS INTEGER) AS pp,
+        TRY_CAST(json_extract(metadata, '$.bprof_model.microbatches') AS INTEGER) AS microbatches,
+        TRY_CAST(json_extract(metadata, '$.bprof_model.chunks') AS INTEGER) AS chunks,
+        CASE WHEN lower(json_extract_string(metadata, '$.bprof_model.schedule')) = 'interleaved' THEN 'interleaved-1f1b'
+             ELSE lower(json_extract_string(metadata, '$.bprof_model.schedule')) END AS schedule
+    FROM runs WHERE run_id = $run_id
+), shape AS (
+    SELECT count(DISTINCT pipeline) AS num_pipelines, mode(num_stages) AS p, mode(source) AS source, mode(ring) AS ring
+    FROM _bubbles_chain
+), neighbours AS (  -- each first stage's downstream (stage 1) and upstream (last stage of a ring) rank
+    SELECT f.rank, any_value(c.rank) FILTER (WHERE c.stage = 1) AS down,
+        any_value(c.rank) FILTER (WHERE c.stage = c.num_stages - 1 AND c.ring) AS up
+    FROM _bubbles_chain f JOIN _bubbles_chain c ON c.pipeline = f.pipeline
+    WHERE f.stage = 0 GROUP BY f.rank
+), first_steps AS (
+    SELECT p.rank, p.step, count(*) FILTER (WHERE p.op = 'send') AS sends,
+        count(*) FILTER (WHERE p.op = 'send' AND p.call_index < r.first_recv) AS sends_before_recv,
+        count(*) FILTER (WHERE p.op = 'send' AND p.peer = n.down) AS sends_down,
+        count(*) FILTER (WHERE p.op = 'send' AND p.peer = n.up) AS sends_up
+    FROM _bubbles_p2p p
+    JOIN neighbours n ON n.rank = p.rank
+    JOIN (SELECT rank, step, coalesce(min(call_index) FILTER (WHERE op = 'recv'), 2147483647) AS first_recv
+          FROM _bubbles_p2p GROUP BY rank, step) r ON r.rank = p.rank AND r.step = p.step
+    GROUP BY p.rank, p.step
+), counted AS (
+    SELECT mode(sends) AS m, mode(sends_before_recv) AS before, mode(sends_down) AS down, mode(sends_up) AS up
+    FROM first_steps WHERE sends > 0
+), ring AS (
+    SELECT CASE WHEN s.ring AND c.down > c.up AND c.down % nullif(c.down - c.up, 0) = 0 THEN c.down - c.up END AS m,
+        CASE WHEN s.ring AND c.down > c.up AND c.down % nullif(c.down - c.up, 0) = 0 THEN c.down // nullif(c.down - c.up, 0) END AS v
+    FROM shape s, counted c
+), fits AS (  -- interleaving declared, and the first stage sends what it would
+    SELECT d.schedule = 'interleaved-1f1b' AND d.chunks >= 2 AND c.m = (2 * d.chunks - 1) * d.microbatches AS ok
+    FROM declared d, counted c
+)
+SELECT s.num_pipelines, s.p, s.source, d.pp, d.microbatches, d.chunks, d.schedule,
+    CASE WHEN r.m IS NOT NULL THEN r.m WHEN f.ok THEN d.microbatches ELSE coalesce(c.m, d.microbatches) END AS m,
+    CASE WHEN r.m IS NOT NULL OR (c.m IS NOT NULL AND NOT coalesce(f.ok, false)) THEN 'p2p'
+         WHEN d.microbatches IS NOT NULL THEN 'declared' END AS m_source,
+    CASE WHEN r.m IS NOT NULL THEN r.v WHEN f.ok THEN d.chunks ELSE 1 END AS v,
+    CASE WHEN r.m IS NOT NULL THEN 'interleaved-1f1b' WHEN f.ok THEN NULL
+         WHEN c.m > s.p AND c.before >= c.m THEN 'gpipe' WHEN c.m > s.p AND c.before <= s.p THEN '1f1b' END AS detected
+FROM shape s, counted c, declared d, ring r, fits f
+WHERE s.p IS NOT NULL;
 
 DELETE FROM bubbles_stages WHERE run_id = $run_id;
 DELETE FROM bubbles_runs WHERE run_id = $run_id;
@@ -172,11 +244,13 @@ WITH calls AS (
     WHERE run_id = $run_id AND dim IN (SELECT dim FROM dims) GROUP BY rank, step
 ), rows AS (
     SELECT b.rank, ch.pipeline, ch.stage, b.step,
-        coalesce(c.num_calls, 0) // (2 * CASE WHEN ch.stage = 0 OR ch.stage = ch.num_stages - 1 THEN 1 ELSE 2 END) AS num_microbatches,
+        coalesce(c.num_calls, 0) // CASE WHEN ch.stage = 0 OR ch.stage = ch.num_stages - 1 THEN 2 * (2 * sh.v - 1)
+                                         ELSE 4 * sh.v END AS num_microbatches,
         b.span_ns, b.compute_ns + b.overlapped_comm_ns AS compute_ns,
         least(CAST(coalesce(bb.bubble_ns, 0) AS BIGINT), b.span_ns) AS bubble_ns
     FROM breakdown_steps b
     JOIN _bubbles_chain ch ON ch.rank = b.rank
+    CROSS JOIN _bubbles_shape sh
     LEFT JOIN calls c ON c.rank = b.rank AND c.step = b.step
     LEFT JOIN bubble bb ON bb.rank = b.rank AND bb.step = b.step
     WHERE b.run_id = $run_id AND b.step >= 0 AND b.span_ns > 0
@@ -185,36 +259,14 @@ SELECT $run_id, rank, pipeline, stage, step, num_microbatches, span_ns, compute_
     span_ns - bubble_ns, bubble_ns, bubble_ns / span_ns
 FROM rows;
 
--- Algorithm: the shape (p, m, schedule) from the chains and the first stages' calls; per stage and
+-- Algorithm: the shape (p, m, v, schedule) from _bubbles_shape; per stage and
 -- step the median over the stage's ranks; per stage the median over steps; the run figures from
 -- those. The slowest stage's cost (imbalance_lost_ns) is replayed by bubbles.py with the what-if
 -- engine: m equal micro-batches through stages taking t_s each, and again with the slowest stage's
 -- t at the median of the others'.
 INSERT INTO bubbles_runs
-WITH declared AS (
-    SELECT TRY_CAST(json_extract(metadata, '$.bprof_model.pp') AS INTEGER) AS pp,
-        TRY_CAST(json_extract(metadata, '$.bprof_model.microbatches') AS INTEGER) AS microbatches,
-        lower(json_extract_string(metadata, '$.bprof_model.schedule')) AS schedule
-    FROM runs WHERE run_id = $run_id
-), shape AS (
-    SELECT count(DISTINCT pipeline) AS num_pipelines, mode(num_stages) AS p, mode(source) AS source
-    FROM _bubbles_chain
-), first_steps AS (
-    SELECT p.rank, p.step, count(*) FILTER (WHERE p.op = 'send') AS sends,
-        count(*) FILTER (WHERE p.op = 'send' AND p.call_index < r.first_recv) AS sends_before_recv
-    FROM _bubbles_p2p p
-    JOIN _bubbles_chain c ON c.rank = p.rank AND c.stage = 0
-    JOIN (SELECT rank, step, coalesce(min(call_index) FILTER (WHERE op = 'recv'), 2147483647) AS first_recv
-          FROM _bubbles_p2p GROUP BY rank, step) r ON r.rank = p.rank AND r.step = p.step
-    GROUP BY p.rank, p.step
-), counted AS (
-    SELECT mode(sends) AS m, mode(sends_before_recv) AS before FROM first_steps WHERE sends > 0
-), resolved AS (
-    SELECT s.num_pipelines, s.p, s.source, coalesce(c.m, d.microbatches) AS m,
-        CASE WHEN c.m IS NOT NULL THEN 'p2p' WHEN d.microbatches IS NOT NULL THEN 'declared' END AS m_source,
-        CASE WHEN c.m > s.p AND c.before >= c.m THEN 'gpipe' WHEN c.m > s.p AND c.before <= s.p THEN '1f1b' END AS detected,
-        d.pp, d.microbatches, d.schedule
-    FROM shape s, counted c, declared d
+WITH resolved AS (
+    SELECT num_pipelines, p, source, m, m_source, v, detected, pp, microbatches, schedule FROM _bubbles_shape
 ), stage_step AS (
     SELECT stage, step, median(bubble_ns) AS bubble_ns, median(busy_ns) AS busy_ns, median(span_ns) AS span_ns,
         median(bubble_frac) AS bubble_frac
@@ -240,11 +292,11 @@ WITH declared AS (
     FROM stage_step ss, slowest sl GROUP BY ss.step
 ), figures AS (
     SELECT r.*, CASE WHEN r.detected IS NOT NULL THEN r.detected ELSE r.schedule END AS used_schedule,
-        (r.p - 1) / (r.m + r.p - 1) AS theory, st.*, me.frac AS measured,
+        (r.p - 1) / (r.v * r.m + r.p - 1) AS theory, st.*, me.frac AS measured,
         sl.stage AS slowest_stage, sl.busy_ns AS slowest_busy_ns, o.median_busy_ns, o.max_busy_ns
     FROM resolved r, steps st, measured me, slowest sl, others o
 )
-SELECT $run_id, num_pipelines, p, m, 1, used_schedule, source, m_source,
+SELECT $run_id, num_pipelines, p, m, v, used_schedule, source, m_source,
     CASE WHEN detected IS NOT NULL THEN 'p2p' WHEN schedule IS NOT NULL THEN 'declared' END,
     pp, microbatches, schedule,
     (SELECT list(DISTINCT g.dim ORDER BY g.dim) FROM _bubbles_p2p x
