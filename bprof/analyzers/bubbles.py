@@ -62,7 +62,7 @@ def _imbalance_lost_ns(con, run_id, run) -> int | None:
     the stages, each taking its median busy time / m, against the same with the slowest stage at the
     median of the others (None without another stage or a micro-batch count). With v > 1 chunks per
     stage the replay is the interleaved 1F1B schedule, each chunk's forward taking busy / (3 v m) and
-    its backward twice that.
+    its backward twice that (m divisible by p, as Megatron's schedule needs; else the flow shop).
 
     The replay runs on the stages' whole busy times (m x the step, integer ns after x SCALE: the
     medians are multiples of 1/8 ns) and divides at the end, so no rounding per micro-batch (the
@@ -123,7 +123,8 @@ def _imbalance_finding(run, stages) -> Finding | None:
 
     Counterfactual: the slowest stage does the median work of the other stages. m equal micro-batches
     through stages that take t_s = busy_ns / m each, replayed by the what-if engine (a step of
-    T = sum_s t_s + (m-1) max_s t_s, (m+p-1) t for equal stages); lost_ns = T - T(slowest at the
+    T = sum_s t_s + (m-1) max_s t_s, (m+p-1) t for equal stages; interleaved 1F1B with v chunks:
+    the chunk-level schedule, (v*m+p-1) t / v for equal stages); lost_ns = T - T(slowest at the
     others' median) (_imbalance_lost_ns).
     Reported only when the same stage is the slowest in every analysed step, its ratio's excess over 1
     is above NOISE_MADS x the ratio's MAD over steps, and lost_ns is at least MIN_LOST_FRAC of the step.
