@@ -11,7 +11,13 @@ from bprof.analyzers.base import Options
 from bprof.whatif.pipeline import interleaved_order
 from bprof.whatif.run import whatif
 from tests.analyzers import recorded
-from tests.analyzers.test_bubbles import _findings, _pipeline_store, _run, _stage_of, only_bubbles  # noqa: F401
+from tests.analyzers.test_bubbles import ANALYZERS, _findings, _pipeline_store, _run, _stage_of
+
+
+@pytest.fixture
+def only_bubbles(monkeypatch):
+    monkeypatch.setattr(analysis, "ANALYZERS", ANALYZERS)
+
 
 # --- a planted ring ----------------------------------------------------------------------------
 
@@ -58,7 +64,7 @@ P, V, M = 3, 2, 6
 RANK_OF = {0: 2, 1: 0, 2: 1}  # stages follow the send/recv pattern, not rank numbers
 
 
-def test_planted_ring_is_interleaved_1f1b_with_its_theory(tmp_path, only_bubbles):  # noqa: F811
+def test_planted_ring_is_interleaved_1f1b_with_its_theory(tmp_path, only_bubbles):
     timelines, spans = planted(P, V, M, [100] * P, [200] * P, RANK_OF)
     con, run_id = _pipeline_store(tmp_path / "s.duckdb", timelines, spans,
                                   model={"pp": P, "microbatches": M, "schedule": "interleaved", "chunks": V})
@@ -82,7 +88,7 @@ def test_planted_ring_is_interleaved_1f1b_with_its_theory(tmp_path, only_bubbles
     assert not any("declared pipeline differs" in t for _, _, t, _ in _findings(con, run_id))
 
 
-def test_planted_slow_stage_is_priced_by_the_interleaved_replay(tmp_path, only_bubbles):  # noqa: F811
+def test_planted_slow_stage_is_priced_by_the_interleaved_replay(tmp_path, only_bubbles):
     forward, backward = [100, 150, 100], [200, 300, 200]  # stage 1 (rank 0) does 1.5x the work of the others
     timelines, spans = planted(P, V, M, forward, backward, RANK_OF)
     con, run_id = _pipeline_store(tmp_path / "s.duckdb", timelines, spans)
@@ -104,7 +110,24 @@ def test_planted_slow_stage_is_priced_by_the_interleaved_replay(tmp_path, only_b
     assert json.loads(evidence)["ranks"] == [RANK_OF[1]] and json.loads(evidence)["num_chunks"] == V
 
 
-def test_a_chain_fits_the_declared_interleaving_only_when_its_counts_do(tmp_path, only_bubbles):  # noqa: F811
+def test_two_rings_are_two_pipelines(tmp_path, only_bubbles):
+    # DP 2 x PP 3: rings 0-1-2 and 3-4-5 (stage = rank mod 3); each its own pipeline, one shape
+    timelines, spans = {}, {}
+    for first in (0, 3):
+        t, e = planted(P, V, M, [100] * P, [200] * P, {s: first + s for s in range(P)})
+        timelines.update(t)
+        spans.update(e)
+    con, run_id = _pipeline_store(tmp_path / "s.duckdb", timelines, spans)
+    analysis.analyze_run(con, run_id, Options())
+    assert dict(con.execute("SELECT DISTINCT rank, pipeline FROM bubbles_stages WHERE run_id = ?", [run_id]).fetchall()) == {
+        r: r - r % 3 for r in range(6)}
+    assert _stage_of(con, run_id) == {r: r % 3 for r in range(6)}
+    run = _run(con, run_id)
+    assert (run["num_pipelines"], run["num_stages"], run["num_microbatches"], run["num_chunks"], run["schedule"]) == (
+        2, P, M, V, "interleaved-1f1b")
+
+
+def test_a_chain_fits_the_declared_interleaving_only_when_its_counts_do(tmp_path, only_bubbles):
     # 2 stages: the ring is one link both ways, a chain; the first stage's 3 x 4 sends per step fit 2 chunks
     # of 4 micro-batches, so the declaration is taken, and said to be
     timelines, spans = planted(2, 2, 4, [100, 100], [200, 200], {0: 0, 1: 1})
