@@ -32,17 +32,21 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
 
 def _link_peaks(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> None:
     """_collperf_links(rank, intra_bytes_per_s, inter_bytes_per_s): each rank's device NVLink peak per
-    direction (NULL for a device the table has no link for, or no device) and the NIC peak given."""
-    rows = []
-    for rank, device_index, props_json in con.execute(
-            "SELECT rank, device_index, device_properties FROM ranks WHERE run_id = ?", [run_id]).fetchall():
-        mine = rank_device_properties(props_json, device_index)
-        device = resolve_device(mine) if mine else None
-        rows.append((rank, device.link_bytes_per_s if device else None, options.nic_bytes_per_s))
+    direction (NULL for a device the table has no link for, or no device) and the NIC peak given.
+    Resolved once per distinct (device index, device properties): a 10,240-rank job has a handful."""
     con.execute("CREATE OR REPLACE TEMP TABLE _collperf_links (rank INTEGER, intra_bytes_per_s DOUBLE, "
                 "inter_bytes_per_s DOUBLE)")
-    if rows:
-        con.executemany("INSERT INTO _collperf_links VALUES (?, ?, ?)", rows)
+    devices = con.execute("""SELECT device_index, device_properties, list(rank) FROM ranks WHERE run_id = ?
+                             GROUP BY ALL""", [run_id]).fetchall()
+    ranks, intra = [], []
+    for device_index, props_json, device_ranks in devices:
+        mine = rank_device_properties(props_json, device_index)
+        device = resolve_device(mine) if mine else None
+        ranks += device_ranks
+        intra += [device.link_bytes_per_s if device else None] * len(device_ranks)
+    if ranks:
+        con.execute("INSERT INTO _collperf_links SELECT unnest($1), unnest($2), $3",
+                    [ranks, intra, options.nic_bytes_per_s])
 
 
 def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
