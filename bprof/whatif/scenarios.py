@@ -279,6 +279,9 @@ class MicroBatches(Part):
 
     def prepare(self, con, run_id):
         self.pipe = Pipeline.of_run(con, run_id, self.text)
+        if self.pipe.schedule == "interleaved-1f1b" and self.num_microbatches % self.pipe.num_stages:
+            raise UsageError(f"scenario {self.text!r}: interleaved 1F1B needs micro-batches divisible by the run's "
+                             f"{self.pipe.num_stages} stages (as Megatron)")
         self.busy = {}
         for rank, step, busy in con.execute("SELECT rank, step, busy_ns FROM bubbles_stages WHERE run_id = ?", [run_id]).fetchall():
             self.busy.setdefault(step, {})[rank] = busy
@@ -299,9 +302,12 @@ class MicroBatches(Part):
     def assumption(self):
         p = self.pipe
         schedule = p.schedule if p.schedule_known else "1f1b (assumed: its send/recv calls do not tell 1F1B from GPipe)"
+        unit, per = ("a micro-batch's forward + backward", "the micro-batches in it") if p.num_chunks == 1 else (
+            f"one model chunk's forward + backward of a micro-batch ({p.num_chunks} chunks per stage)",
+            f"the {p.num_chunks} x micro-batches chunk passes in it")
         text = (f"{self.text}: the run's {schedule} pipeline of {p.num_stages} stages with {p.num_microbatches} "
-                f"micro-batches of the same size; per stage, a micro-batch's forward + backward = its busy time (the step "
-                f"less exposed send/recv) between its first and last send/recv / the micro-batches in it, split 1:2, "
+                f"micro-batches of the same size; per stage, {unit} = its busy time (the step "
+                f"less exposed send/recv) between its first and last send/recv / {per}, split 1:2, "
                 f"recv transfer the median of its matched recvs, the work before and after (data loading, optimizer, "
                 f"gradient sync) as measured; "
                 f"sends do not hold their sender; each rank's step changes by its stage's change in that model replayed "

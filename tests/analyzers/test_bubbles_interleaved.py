@@ -8,6 +8,7 @@ import pytest
 
 from bprof.analyzers import run as analysis
 from bprof.analyzers.base import Options
+from bprof.errors import UsageError
 from bprof.whatif.pipeline import interleaved_order
 from bprof.whatif.run import whatif
 from tests.analyzers import recorded
@@ -211,5 +212,9 @@ def test_real_microbatches_whatif_is_exact_at_the_measured_count(real):
     same, more = out.results[1], out.summaries[2]
     assert all((p == m).all() for p, m in zip(same.predicted_ns, same.measured_ns))
     assert "interleaved-1f1b pipeline of 2 stages" in more["assumptions"][0]
+    assert "one model chunk's forward + backward of a micro-batch (2 chunks per stage)" in more["assumptions"][0]
+    with pytest.raises(UsageError, match=f"scenario 'microbatches={MICROBATCHES + 1}': interleaved 1F1B needs micro-batches "
+                                         "divisible by the run's 2 stages"):
+        whatif(con, run_id, [f"microbatches={MICROBATCHES + 1}"], write=False)
     # twice the micro-batches: about twice the pipeline's work, the fill and drain once
     assert more["measured_step_ns"] < more["predicted_step_ns"] < 2 * more["measured_step_ns"]
