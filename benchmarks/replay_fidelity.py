@@ -3,7 +3,8 @@
 Records examples/train_gpt.py (2 CPU ranks, gloo, OMP_NUM_THREADS=1) with --no-bucket
 --transposed-matmul --matmul-loop under bprof record, analyses it, replays its top op signatures and
 the planted cases, and prints: the median replayed/traced ratio over the top ops with its range,
-the replays' spread, and each planted case's speedup and verdict.
+the replays' spread, and each planted case's speedup and verdict. With --together N the top ops are
+replayed again with N - 1 neighbour processes running each, and both fidelities are printed.
 
 With --chains, instead: op chains and torch.compile. Records tests/replay/gelu_mlp.py (DDP, 2 CPU
 ranks, an MLP with the tanh GELU written out in eager ops) twice without and twice with
@@ -12,7 +13,7 @@ step, and the median durations of the GELU's ops, with against without), then re
 chains of the last recording with the compile variant: traced, replayed, speedup, verdict, compile
 seconds.
 
-    .venv/bin/python benchmarks/replay_fidelity.py [--out DIR] [--top N] [--repeats R]
+    .venv/bin/python benchmarks/replay_fidelity.py [--out DIR] [--top N] [--repeats R] [--together 2]
     .venv/bin/python benchmarks/replay_fidelity.py --chains [--out DIR] [--top 3] [--repeats 9]
 """
 
@@ -44,6 +45,8 @@ def main() -> None:
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--chains", action="store_true", help="op chains and torch.compile (see above)")
+    p.add_argument("--together", type=int, default=1,
+                   help="also replay the top ops again with --together N (N ranks sharing the host) and compare fidelity")
     a = p.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="bprof-replay-bench-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -69,6 +72,17 @@ def main() -> None:
     if ratios:
         print(f"median replayed/traced ratio {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}); "
               f"median replay spread {100 * statistics.median(r['replayed_spread_frac'] or 0 for r in ops):.0f}%")
+    if a.together > 1:
+        again = json.loads(bprof("replay", "--db", str(db), "--top", str(a.top), "--repeats", str(a.repeats), "--variant", "bf16",
+                                 "--together", str(a.together), "--json", cwd=out))
+        shared = {r["item_key"]: r for r in again if r["item_kind"] == "op" and r["variant"] == "baseline" and r["status"] == "replayed"}
+        pairs = [(r, shared[r["item_key"]]) for r in ops if r["item_key"] in shared]
+        alone_r = [r["replayed_ns"] / r["traced_ns"] for r, _ in pairs]
+        shared_r = [s["replayed_ns"] / s["traced_ns"] for _, s in pairs]
+        print(f"--together {a.together} ({a.together - 1} neighbour process(es) running each op): median replayed/traced "
+              f"{statistics.median(shared_r):.2f} (range {min(shared_r):.2f}-{max(shared_r):.2f}) against "
+              f"{statistics.median(alone_r):.2f} alone over the same {len(pairs)} ops; median replay spread "
+              f"{100 * statistics.median(s['replayed_spread_frac'] or 0 for _, s in pairs):.0f}%")
     print("variants:")
     for r in top + planted:
         if r["variant"] != "baseline" and r["status"] == "replayed" and (r["variant"] != "bf16" or r["item_kind"] == "op"):

@@ -30,6 +30,7 @@ def replay(
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: the kind the run was traced on)."),
     repeats: int = typer.Option(7, "--repeats", help="Timed repeats per item and variant."),
     max_ranks: Optional[int] = typer.Option(None, "--max-ranks", help="Most ranks of a collective replay (default: this machine's CPUs or GPUs)."),
+    together: int = typer.Option(1, "--together", help="Ops and chains: run each with N-1 neighbour processes doing the same on this CPU, as N ranks shared the host (default 1: alone)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the items and whether they can be rebuilt; run and store nothing."),
     as_json: bool = JsonOption,
 ) -> None:
@@ -39,7 +40,7 @@ def replay(
         raise UsageError(f"unknown device {device!r} (cpu, cuda or cuda:N)")
     options = ReplayOptions(run=run, top=top, op=op, collectives_only=collectives,
                             variants=tuple(variant) if variant else VARIANTS, device=device, repeats=repeats,
-                            max_ranks=max_ranks, dry_run=dry_run)
+                            max_ranks=max_ranks, together=together, dry_run=dry_run)
     con = open_store(db)
     try:
         with Console(stderr=True).status("replaying") as status:
@@ -51,7 +52,9 @@ def replay(
         return
     table = Table("item", "variant", "traced", "replayed", "spread", "speedup", "verdict / classification / status", "verifies finding",
                   title=f"replay of run {plan.run_name}" + (" (dry run)" if dry_run else ""),
-                  caption=f"intra-op threads {plan.intra_op_threads or 'unknown'}; times per call (loops: per loop, storms: per step)")
+                  caption=f"intra-op threads {plan.intra_op_threads or 'unknown'}"
+                  + (f"; ops and chains with {together - 1} neighbour process(es) running them" if together > 1 else "")
+                  + "; times per call (loops: per loop, storms: per step)")
     for r in results:
         if r.status == "not_applicable" and r.variant != "baseline":
             continue  # in --json and the replays table; a table row per inapplicable variant hides the rest

@@ -142,7 +142,8 @@ def tensor_ids(args: dict) -> set[int]:
 
 
 def _collect(value, kind: str, out: set[int]) -> None:
-    if kind.startswith("Tensor(") and isinstance(value, list) and value and isinstance(value[0], int):
+    if kind.startswith("Tensor(") and not kind.startswith("Tensor(nullptr") and isinstance(value, list) and value \
+            and isinstance(value[0], int):
         out.add(value[0])
     elif kind.startswith("GenericList[") and isinstance(value, list):
         inner = list_types(kind)
@@ -185,6 +186,8 @@ def wiring(nodes) -> list[list]:
 
 
 def _source(value, kind: str, produced, external):
+    if kind.startswith("Tensor(nullptr"):  # an undefined optional tensor: None, not an input
+        return None
     if kind.startswith("Tensor(") and isinstance(value, list) and value and isinstance(value[0], int):
         if value[0] in produced:
             return ["op", *produced[value[0]]]

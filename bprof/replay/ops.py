@@ -12,6 +12,7 @@ import math
 from typing import Callable
 
 from bprof.replay.calibrate import _time_batch
+from bprof.replay.et_rebuild import build_nodes
 from bprof.replay.plan import OpItem, spread_of
 from bprof.replay.rebuild import NotRebuildable, Rebuilt, make_tensor, rebuild
 from bprof.replay.results import ReplayResult, classify, judge, samples_result
@@ -28,19 +29,27 @@ def replay_op(torch, item: OpItem, dev, variants: tuple[str, ...], repeats: int,
                         calls_per_step=item.calls_per_step, traced_ns=int(_median(item.traced_ns)),
                         traced_spread_frac=spread_of(item.traced_ns), traced_basis=_basis(item),
                         finding_id=item.finding_id, finding_title=item.finding_title)
+    fns: dict[str, Callable] = {}
+    skipped: list[ReplayResult] = []
     try:
         rebuilt = rebuild(torch, item.name, item.dims, item.types, item.strides, item.concrete, dev)
     except NotRebuildable as exc:
-        base.reason = str(exc)
-        return [base]
-    baseline_fn = _loop(rebuilt, item.loop_len)
-    fns: dict[str, Callable] = {"baseline": baseline_fn}
-    skipped: list[ReplayResult] = []
-    for name in variants:
         try:
-            fns[name] = _variant(torch, name, item, rebuilt, dev)
-        except NotApplicable as exc:
-            skipped.append(_derived(base, name, "not_applicable", str(exc)))
+            fns["baseline"] = from_exec_trace(torch, item, dev)
+        except NotRebuildable as et_exc:
+            base.reason = str(exc) + (f"; from the execution trace: {et_exc}" if item.et_node else
+                                        "; recorded with --execution-trace, it could be rebuilt from the execution trace")
+            return [base]
+        base.reason = f"rebuilt from the execution trace (its Kineto signature is not enough: {exc})"
+        skipped = [_derived(base, name, "not_applicable", "variants rebuild the Kineto signature, which is not enough for this op")
+                   for name in variants]
+    else:
+        fns["baseline"] = _loop(rebuilt, item.loop_len)
+        for name in variants:
+            try:
+                fns[name] = _variant(torch, name, item, rebuilt, dev)
+            except NotApplicable as exc:
+                skipped.append(_derived(base, name, "not_applicable", str(exc)))
     try:
         samples = compare(torch, dev, fns, repeats, min_time_s)
     except Exception as exc:  # the op failed when run for real (out of memory, a kernel's own check)
@@ -58,6 +67,15 @@ def replay_op(torch, item: OpItem, dev, variants: tuple[str, ...], repeats: int,
         r.speedup, r.verdict = judge(per_call[name], per_call["baseline"])
         out.append(r)
     return out + skipped
+
+
+def from_exec_trace(torch, item: OpItem, dev) -> Callable:
+    """The op rebuilt from its execution trace node (every argument recorded, keyword-only ones by
+    name); NotRebuildable without one, or when that fails too."""
+    if item.et_node is None or item.kind != "op":
+        raise NotRebuildable("no execution trace node (record with --execution-trace)")
+    op, inputs = build_nodes(torch, [item.et_node], dev, what="op")
+    return lambda: op(*inputs)
 
 
 class NotApplicable(Exception):

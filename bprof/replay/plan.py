@@ -40,6 +40,7 @@ class OpItem:
     loop_len: int = 1
     finding_id: int | None = None
     finding_title: str | None = None
+    et_node: tuple | None = None  # one call's execution trace node (name, op_schema, inputs, outputs), when recorded
 
     @property
     def label(self) -> str:
@@ -157,7 +158,8 @@ _TOP_OPS_SQL = """
 WITH ops AS (
     SELECT row_number() OVER (ORDER BY rank, tid, ts_ns, dur_ns DESC) AS id, rank, tid, step, ts_ns, dur_ns, name,
            CAST(args -> '$."Input Dims"' AS VARCHAR) AS dims, CAST(args -> '$."Input type"' AS VARCHAR) AS types,
-           CAST(args -> '$."Input Strides"' AS VARCHAR) AS strides, CAST(args -> '$."Concrete Inputs"' AS VARCHAR) AS concrete
+           CAST(args -> '$."Input Strides"' AS VARCHAR) AS strides, CAST(args -> '$."Concrete Inputs"' AS VARCHAR) AS concrete,
+           CAST(args ->> '$."Record function id"' AS BIGINT) AS rf_id
     FROM events WHERE run_id = $run_id AND kind = 'cpu_op' AND name LIKE 'aten::%' AND step IS NOT NULL AND dur_ns > 0),
 marks AS (
     SELECT id, ts_ns AS at, 1 AS delta, 1 AS ord, -dur_ns AS len FROM ops
@@ -189,13 +191,15 @@ def _op_items(con, run_id: int, top: int, only: str | None) -> list[OpItem]:
                            SELECT o.* REPLACE (coalesce(d.device_ns, 0) AS dur_ns) FROM _rp_ops o LEFT JOIN _rp_dev d USING (id)""")
         rows = con.execute("""
             SELECT name, dims, types, strides, concrete, min(rank) AS rank, list(dur_ns ORDER BY ts_ns) AS durs,
-                   sum(dur_ns) AS total_ns, count(*) AS calls, count(DISTINCT step) AS steps, count(DISTINCT rank) AS ranks
+                   sum(dur_ns) AS total_ns, count(*) AS calls, count(DISTINCT step) AS steps, count(DISTINCT rank) AS ranks,
+                   arg_min(rf_id, (rank, ts_ns)) AS rf_id
             FROM _rp_ops WHERE ($only IS NULL OR name = $only) AND dur_ns > 0
             GROUP BY ALL ORDER BY total_ns DESC LIMIT 200""", {"only": only}).fetchall()
         items = []
-        for name, dims, types, strides, concrete, rank, durs, _total, calls, steps, ranks in rows:
+        for name, dims, types, strides, concrete, rank, durs, _total, calls, steps, ranks, rf_id in rows:
             items.append(OpItem("op", name, rank, json.loads(dims), json.loads(types or "[]"), json.loads(strides or "[]"),
-                                json.loads(concrete or "[]"), durs, calls / max(1, steps * ranks), traced_on))
+                                json.loads(concrete or "[]"), durs, calls / max(1, steps * ranks), traced_on,
+                                et_node=_et_node(con, run_id, rank, rf_id, name)))
         loops = [i for i in _loop_items(con, traced_on) if only is None or i.name == only]
     finally:
         con.execute("DROP TABLE IF EXISTS _rp_ops")
@@ -204,6 +208,15 @@ def _op_items(con, run_id: int, top: int, only: str | None) -> list[OpItem]:
     # findings first (what an analyzer already called slow), then traced time
     items.sort(key=lambda i: (i.finding_id is None, -sum(i.traced_ns)))
     return items[:top] + [_linked(con, run_id, i) for i in loops]
+
+
+def _et_node(con, run_id: int, rank: int, rf_id: int | None, name: str) -> tuple | None:
+    """The execution trace node of one call (rank, record function id), if the run has execution traces."""
+    if rf_id is None:
+        return None
+    row = con.execute("""SELECT name, op_schema, CAST(inputs AS VARCHAR), CAST(outputs AS VARCHAR) FROM exec_nodes
+                         WHERE run_id = ? AND rank = ? AND rf_id = ? AND name = ? LIMIT 1""", [run_id, rank, rf_id, name]).fetchone()
+    return tuple(row) if row else None
 
 
 def _loop_items(con, traced_on: str) -> list[OpItem]:

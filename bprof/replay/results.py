@@ -59,6 +59,7 @@ class ReplayResult:
     busbw_bytes_per_s: float | None = None
     finding_id: int | None = None
     finding_title: str | None = None
+    together: int = 1                     # processes that ran the item at once (ops, chains; collectives: 1)
 
     def record(self) -> dict:
         out = asdict(self)
@@ -134,13 +135,13 @@ def save(con: duckdb.DuckDBPyConnection, run_id: int, results: list[ReplayResult
                 INSERT INTO replays (run_id, replayed_at, item_kind, item, item_key, rank, variant, status, reason, device,
                     shapes, dtypes, strides, num_threads, num_repeats, calls_per_step, traced_ns, traced_spread_frac,
                     traced_basis, replayed_ns, replayed_spread_frac, baseline_ns, speedup, verdict, classification,
-                    group_size, replayed_group_size, bytes, busbw_bytes_per_s, finding_id, finding_title)
-                VALUES (?, now(), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                    group_size, replayed_group_size, bytes, busbw_bytes_per_s, finding_id, finding_title, together)
+                VALUES (?, now(), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                         [run_id, r.item_kind, r.item, r.item_key, r.rank, r.variant, r.status, r.reason, r.device,
                          _json(r.shapes), _json(r.dtypes), _json(r.strides), r.num_threads, r.num_repeats, r.calls_per_step,
                          r.traced_ns, r.traced_spread_frac, r.traced_basis, r.replayed_ns, r.replayed_spread_frac,
                          r.baseline_ns, r.speedup, r.verdict, r.classification, r.group_size, r.replayed_group_size,
-                         r.bytes, r.busbw_bytes_per_s, r.finding_id, r.finding_title])
+                         r.bytes, r.busbw_bytes_per_s, r.finding_id, r.finding_title, r.together])
         for base in (r for r in results if r.variant == "baseline" and r.status == "replayed"):
             _write_finding(con, run_id, base, [r for r in results if r.item_key == base.item_key and r.variant != "baseline"])
         con.execute("COMMIT")

@@ -28,6 +28,7 @@ class ReplayOptions:
     repeats: int = 7
     min_time_s: float = 0.02           # each timed batch lasts at least this long
     max_ranks: int | None = None       # collective replay: at most this many ranks (default: CPU count / GPUs)
+    together: int = 1                  # op and chain replays: processes running the item at once (CPU), as ranks shared a host
     dry_run: bool = False              # list what would be replayed and whether it can be rebuilt; run nothing
 
 
@@ -37,7 +38,7 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
     for v in options.variants:
         if v not in VARIANTS:
             raise UsageError(f"unknown variant {v!r} (one of {', '.join(VARIANTS)})")
-    for label, value in (("--top", options.top), ("--repeats", options.repeats)):
+    for label, value in (("--top", options.top), ("--repeats", options.repeats), ("--together", options.together)):
         if value < 1:
             raise UsageError(f"{label} must be at least 1, not {value}")
     torch = _import_torch()
@@ -45,21 +46,31 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
     plan = make_plan(con, options.run, top=options.top, op=options.op, ops=not options.collectives_only)
     traced_on = plan.ops[0].traced_on if plan.ops else plan.chains[0].traced_on if plan.chains else "cpu"
     device = options.device or traced_on
+    if options.together > 1 and device.startswith("cuda"):
+        raise UsageError("--together applies to CPU replays: on a GPU host each rank has its own device")
     dev = _device(torch, "meta" if options.dry_run else device)
     if options.dry_run:
         return plan, _listing(torch, plan, dev)
     results: list[ReplayResult] = []
     from bprof.replay.chain_ops import replay_chain
     from bprof.replay.ops import intra_op_threads, replay_op
+    from bprof.replay.together import neighbours
 
     op_variants = tuple(v for v in options.variants if v not in COLLECTIVE_VARIANTS)
     with intra_op_threads(torch, plan.intra_op_threads if dev.type == "cpu" else None) as threads:
-        for k, item in enumerate(plan.ops):
-            say(f"op {k + 1}/{len(plan.ops)}: {item.label}")
-            results += replay_op(torch, item, dev, op_variants, options.repeats, options.min_time_s, threads)
-        for k, item in enumerate(plan.chains):
-            say(f"chain {k + 1}/{len(plan.chains)}: {item.label}" + (" (compiling)" if "compile" in op_variants else ""))
-            results += replay_chain(torch, item, dev, op_variants, options.repeats, options.min_time_s, threads)
+        for k, item in enumerate(plan.ops + plan.chains):
+            chain = item.kind == "op_chain"
+            say(f"{'chain' if chain else 'op'} {k + 1}/{len(plan.ops) + len(plan.chains)}: {item.label}"
+                + (" (compiling)" if chain and "compile" in op_variants else ""))
+            with neighbours(item, options.together - 1, threads) as running:
+                rows = (replay_chain if chain else replay_op)(torch, item, dev, op_variants, options.repeats,
+                                                             options.min_time_s, threads)
+            for r in rows:
+                r.together = 1 + running
+            if running < options.together - 1:
+                for r in rows:
+                    r.reason = "; ".join(filter(None, [r.reason, f"{running} of {options.together - 1} neighbours ran"]))
+            results += rows
     if plan.collectives:
         from bprof.replay.comm import replay_collectives
 
@@ -78,7 +89,7 @@ def replay(con: duckdb.DuckDBPyConnection, options: ReplayOptions,
 
 def _listing(torch, plan: Plan, dev) -> list[ReplayResult]:
     """Each op item rebuilt on the meta device (shapes, dtypes and strides checked, nothing run)."""
-    from bprof.replay.ops import _basis
+    from bprof.replay.ops import _basis, from_exec_trace
     from bprof.replay.plan import spread_of
     from bprof.replay.rebuild import NotRebuildable, rebuild
     import statistics
@@ -92,7 +103,12 @@ def _listing(torch, plan: Plan, dev) -> list[ReplayResult]:
         try:
             rebuild(torch, item.name, item.dims, item.types, item.strides, item.concrete, dev)
         except NotRebuildable as exc:
-            r.status, r.reason = "not_rebuildable", str(exc)
+            try:
+                from_exec_trace(torch, item, dev)
+                r.reason = f"rebuilt from the execution trace (its Kineto signature is not enough: {exc})"
+            except NotRebuildable as et_exc:
+                r.status, r.reason = "not_rebuildable", str(exc) + (f"; from the execution trace: {et_exc}" if item.et_node else
+                                        "; recorded with --execution-trace, it could be rebuilt from the execution trace")
         out.append(r)
     if plan.chains:
         from bprof.replay.chain_ops import _basis as chain_basis, build_chain

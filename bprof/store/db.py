@@ -345,8 +345,10 @@ COMMENT ON COLUMN whatif_runs.max_error_frac IS 'Largest |predicted_ns - measure
 COMMENT ON COLUMN whatif_runs.median_error_frac IS 'Median of the same over the rank-steps.';
 COMMENT ON COLUMN whatif_runs.assumptions IS 'What each part of the scenario assumed, in order (also printed by bprof whatif).';
 """,
-    # 6 -> 7: execution trace nodes (and the op_chain items and compile variant of replays)
+    # 6 -> 7: execution trace nodes (and the op_chain items, compile variant and together of replays)
     6: """
+ALTER TABLE replays ADD COLUMN together INTEGER;
+COMMENT ON COLUMN replays.together IS 'Op and chain replays: processes that ran the item at once on this host''s CPU (1: alone; N: bprof replay --together N, as N ranks shared the host); collectives: 1.';
 CREATE TABLE exec_nodes (
     run_id INTEGER NOT NULL,
     rank INTEGER NOT NULL,

@@ -533,7 +533,8 @@ CREATE TABLE replays (
     bytes BIGINT,
     busbw_bytes_per_s DOUBLE,
     finding_id INTEGER,
-    finding_title VARCHAR
+    finding_title VARCHAR,
+    together INTEGER
 );
 COMMENT ON TABLE replays IS 'bprof replay: recorded ops, loops of ops and collectives rerun on this machine, and the fix variants replay verified; one row per item and variant (replaying again replaces the row of the same item, variant and device).';
 COMMENT ON COLUMN replays.replay_id IS 'Store-wide replay identifier.';
@@ -568,6 +569,7 @@ COMMENT ON COLUMN replays.bytes IS 'Collectives: bytes of the message(s) of the 
 COMMENT ON COLUMN replays.busbw_bytes_per_s IS 'Collectives: nccl-tests bus bandwidth of the replay, bytes / replayed time x the op''s factor (all_reduce 2(n-1)/n).';
 COMMENT ON COLUMN replays.finding_id IS 'The bprof analyze finding the item verifies (findings.finding_id at replay time; analysing again renumbers findings).';
 COMMENT ON COLUMN replays.finding_title IS 'Title of that finding, kept for when it is renumbered.';
+COMMENT ON COLUMN replays.together IS 'Op and chain replays: processes that ran the item at once on this host''s CPU (1: alone; N: bprof replay --together N, as N ranks shared the host); collectives: 1.';
 
 CREATE TABLE whatif (
     run_id INTEGER NOT NULL,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bprof.errors import UsageError
 from bprof.replay.chain_ops import build_chain
 from bprof.replay.chains import ChainItem, tensor_ids, wiring
 from bprof.replay.plan import make_plan
@@ -151,3 +152,62 @@ def test_chains_with_tensor_lists_dtypes_and_int_lists_rebuild_from_a_real_execu
     assert [tuple(t.shape) for t in inputs] == [(5, 4), (4, 3)]  # y (read first, by t), then x
     [got] = fn(y, x)
     torch.testing.assert_close(got, want)
+
+
+def test_together_runs_neighbour_processes_while_timing_and_stores_how_many(gelu_run):
+    """--together 2: one neighbour process rebuilds the item and keeps a CPU busy running it while the
+    item is timed (its CPU time grows inside the block), and is gone after; rows say together = 2."""
+    import multiprocessing
+    import time
+
+    from bprof.replay.together import neighbours
+
+    con = open_store(gelu_run)
+    try:
+        chain = _gelu_chain(con)
+        with neighbours(chain, 1, 1) as running:
+            [child] = multiprocessing.active_children()
+            ticks = [int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[11])]
+            time.sleep(1.0)
+            ticks.append(int(Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[11]))
+        assert running == 1 and ticks[1] > ticks[0]  # utime, in clock ticks: it ran the chain
+        assert multiprocessing.active_children() == []
+        _, results = replay(con, ReplayOptions(top=1, variants=(), together=2, repeats=3, min_time_s=0.005))
+        shared = [r for r in results if r.item_kind in ("op", "op_chain")]
+        assert shared and all(r.together == 2 and "neighbours ran" not in (r.reason or "") for r in shared)
+        assert all(r.together == 1 for r in results if r.item_kind.startswith("collective"))
+        stored = con.execute("SELECT DISTINCT together FROM replays WHERE variant = 'baseline' AND list_contains(?, item_key)",
+                             [[r.item_key for r in shared]]).fetchall()
+        assert stored == [(2,)]
+        with pytest.raises(UsageError, match="--together applies to CPU replays"):
+            replay(con, ReplayOptions(top=1, together=2, device="cuda"))
+    finally:
+        con.close()
+
+
+def test_ops_whose_kineto_signature_is_not_enough_rebuild_from_the_execution_trace(gelu_run):
+    """x + 0.044715 * x^3 is aten::add.Tensor with a keyword-only alpha: Kineto's positional record
+    of it cannot call the op; the execution trace's node, with the overload's schema, can."""
+    from bprof.replay.ops import from_exec_trace
+    from bprof.replay.rebuild import NotRebuildable, rebuild
+
+    con = open_store(gelu_run)
+    try:
+        plan = make_plan(con, None, top=30)
+        kineto_fails = []
+        for item in plan.ops:
+            try:
+                rebuild(torch, item.name, item.dims, item.types, item.strides, item.concrete, torch.device("cpu"))
+            except NotRebuildable:
+                kineto_fails.append(item)
+        assert any(i.name == "aten::add" for i in kineto_fails)
+        for item in kineto_fails:
+            assert item.et_node is not None and item.et_node[0] == item.name
+            from_exec_trace(torch, item, torch.device("cpu"))()  # runs
+        _, results = replay(con, ReplayOptions(top=30, op="aten::add", variants=("bf16",), repeats=3, min_time_s=0.005))
+        adds = [r for r in results if r.item_kind == "op" and r.variant == "baseline" and "Scalar" in r.item]
+        assert adds and all(r.status == "replayed" and r.reason.startswith("rebuilt from the execution trace") for r in adds)
+        bf16 = [r for r in results if r.item_key in {a.item_key for a in adds} and r.variant == "bf16"]
+        assert {r.status for r in bf16} == {"not_applicable"}
+    finally:
+        con.close()
