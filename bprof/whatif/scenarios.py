@@ -9,10 +9,15 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   same collective kind) over the other peers, their tail the peers' median tail: the counterfactual
   the straggler findings price, applied to all flagged ranks at once. Healthy ranks keep their own
   work (and its noise), transfers stay as measured.
-- `scale:X=F`: the time of kernel class X (a catalogue class: gemm, attention, norm, ...) or of the
-  op/kernel named X in each work segment is multiplied by F (> 0); the rest of the segment stays.
-  Assumes X's time in the segment is on the rank's critical path (it runs alone, not beside
-  another stream).
+- `scale:X=F`: the GPU work of kernel class X (a catalogue class: gemm, attention, norm, ...) or of
+  the kernel/op named X takes F (> 0) x its time. On a rank that ran kernels in the step, each
+  work segment changes by what the rank's launch-level graph (bprof.whatif.device_graph: CUDA
+  calls per thread, launches, stream order, host syncs) says: its end moves by the replayed shift
+  of the last GPU work or training-thread call at or before it, less its start's shift; so faster
+  kernels buy nothing where the host issues them slower than the GPU runs them, and a kernel that
+  overlaps another stream buys only what the streams' order lets through. On a rank without kernels
+  (CPU traces), X's time in each segment (its main-thread ops) is multiplied by F, the rest of the
+  segment stays: assumed on the rank's critical path.
 - `no-host-gaps`: the host gaps of each work segment are removed (as CUDA graphs, a prefetching data
   loader and no host syncs would): device idle time (breakdown_idle_gaps), and on CPU traces the
   data-loading ranges too. The device work around them stays.
@@ -49,7 +54,7 @@ import numpy as np
 
 from bprof.errors import UsageError
 from bprof.kernels.classify import FINE_CLASSES, classify_many
-from bprof.whatif import scaleout
+from bprof.whatif import device_graph, scaleout
 from bprof.whatif.graph import StepModel, matched_time
 from bprof.whatif.peers import PeerStep
 from bprof.whatif.pipeline import Pipeline, stage_ends, stage_times
@@ -152,6 +157,10 @@ class Scale(Part):
     factor: float
     names: list[str] = dataclasses.field(default_factory=list)
     is_class: bool = False
+    model: str = "auto"  # "auto": the device graph on ranks with kernels; "segment": the segment model everywhere
+    has_kernels: bool = False
+    device_ranks: set = dataclasses.field(default_factory=set)
+    segment_ranks: set = dataclasses.field(default_factory=set)
 
     @property
     def text(self):
@@ -159,6 +168,8 @@ class Scale(Part):
 
     def prepare(self, con, run_id):
         self.is_class = self.target in FINE_CLASSES
+        self.device_ranks, self.segment_ranks = set(), set()
+        self.has_kernels = self.model == "auto" and self.factor != 1.0 and device_graph.prepare(con, run_id)
         if self.is_class:
             pairs = con.execute("SELECT DISTINCT name, kind FROM events WHERE run_id = ? AND kind IN ('kernel', 'cpu_op') "
                                 "AND name IS NOT NULL", [run_id]).fetchall()
@@ -175,15 +186,57 @@ class Scale(Part):
     def apply(self, con, run_id, m, s):
         if self.factor == 1.0:
             return  # the identity, exactly
-        t = matched_time(con, run_id, m, self.names)
         n = len(s.work)
-        s.work = _plus(s.work, np.rint((self.factor - 1.0) * t[:n]).astype(np.int64))
-        s.tail = _plus(s.tail, np.rint((self.factor - 1.0) * t[n:]).astype(np.int64))
+        rank, lo, hi = m.segments()
+        graphs = {}
+        if self.has_kernels and m.has_events.any():
+            start, end = m.g.span_start_ns - m.offset_ns, m.g.span_end_ns - m.offset_ns
+            spans = {r: (int(a), int(b)) for r, a, b, e in zip(m.g.span_rank.tolist(), start, end, m.has_events) if e}
+            graphs = device_graph.step_graphs(con, run_id, m.step, spans)
+        delta = np.zeros(len(rank), dtype=np.int64)
+        on_device = np.zeros(len(rank), dtype=bool)
+        if graphs:
+            by_rank = np.argsort(rank, kind="stable")
+            cuts = np.flatnonzero(np.r_[True, rank[by_rank][1:] != rank[by_rank][:-1], True])
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                idx = by_rank[a:b]
+                dg = graphs.get(int(rank[idx[0]]))
+                if dg is None:
+                    continue
+                t = dg.replay(dg.weights(dg.matching(self.names), self.factor))
+                delta[idx] = dg.shift_at(hi[idx], t) - dg.shift_at(lo[idx], t)
+                on_device[idx] = True
+        self.device_ranks |= set(graphs)
+        segment = set(m.g.span_rank[m.has_events].tolist()) - set(graphs)
+        self.segment_ranks |= segment
+        if segment:
+            t = matched_time(con, run_id, m, self.names)
+            old = np.rint((self.factor - 1.0) * t).astype(np.int64)
+        else:
+            old = np.zeros(len(rank), dtype=np.int64)
+        # the device graph's shifts hold for any segment (a negative one too: asynchronous collectives)
+        s.work = np.where(on_device[:n], s.work + delta[:n], _plus(s.work, old[:n]))
+        s.tail = np.where(on_device[n:], s.tail + delta[n:], _plus(s.tail, old[n:]))
 
     def assumption(self):
         what = f"kernel class {self.target} ({len(self.names)} names)" if self.is_class else f"the kernel or op {self.target}"
-        return (f"{self.text}: the time of {what} in each work segment (union of its kernels on GPU, of its ops on the "
-                f"main thread on CPU) x {self.factor:g}, assumed on the rank's critical path; ranks without events unchanged")
+        text = f"{self.text}: the GPU work of {what} x {self.factor:g}"
+        if self.factor == 1.0:
+            return text + ": the identity, nothing replayed"
+        if self.device_ranks:
+            text += (f"; ranks {_ranks(self.device_ranks)} (with kernels): each work segment moves as the rank's "
+                     "launch-level graph replays it (CUDA calls per thread, launches, stream order, device-wide host "
+                     "syncs, measured slack kept; cross-stream event waits not modelled; bprof/whatif/device_graph.py)")
+        if self.segment_ranks or not self.device_ranks:
+            who = f"ranks {_ranks(self.segment_ranks)}" if self.segment_ranks else "ranks"
+            text += (f"; {who} without kernels: X's time in each work segment (its kernels, or its ops on the main "
+                     "thread on CPU) x the factor, assumed on the rank's critical path")
+        return text + "; ranks without events unchanged"
+
+
+def _ranks(ranks: set) -> str:
+    r = sorted(ranks)
+    return str(r) if len(r) <= 8 else f"{r[:4]}...{r[-2:]} ({len(r)})"
 
 
 @dataclasses.dataclass

@@ -1,0 +1,218 @@
+"""The launch-level device graph (bprof.whatif.device_graph): its unchanged replay reproduces every
+measured time of every real GPU trace of ../shared (skips without it); on planted one-GPU traces
+(Kineto JSON written here: ProfilerStep ranges, cudaLaunchKernel calls, kernels on stream 7 tied by
+correlation, an aten::item copy + cudaStreamSynchronize) scale:gemm=0.5 buys ~0 when the host issues
+kernels slower than the GPU runs them and half the GEMM time when the GPU is the bottleneck, where
+the segment model says half the GEMM time for both; a host sync after faster kernels returns
+earlier and the launches after it move with it."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from bprof.analyzers import run as analysis
+from bprof.analyzers.base import Options
+from bprof.store.db import open_store
+from bprof.store.ingest import IngestOptions, ingest_paths
+from bprof.whatif import device_graph, graph
+from bprof.whatif.engine import replay
+from bprof.whatif.run import whatif
+from bprof.whatif.scenarios import Scale, State
+from tests.analyzers import recorded
+
+GPU_FOLDERS = ["a100_ddp_nccl_rank0", "a100_ws16_rank0", "v100_ns_resolution_rank0", "mi250_rocm_minitoy",
+               "v100_resnet50_legacy_2021"]
+
+
+@pytest.mark.parametrize("folder", GPU_FOLDERS)
+def test_unchanged_replay_reproduces_every_node_of_the_real_traces(tmp_path, folder):
+    con, run_id = recorded.shared(tmp_path, folder, ["match", "clock", "idle"])
+    assert device_graph.prepare(con, run_id)
+    spans = con.execute("SELECT step, rank, ts_ns, ts_ns + dur_ns FROM timeline_spans WHERE run_id = ? ORDER BY step",
+                        [run_id]).fetchall()
+    num_graphs = 0
+    for step, rank, start, end in spans:
+        for g in device_graph.step_graphs(con, run_id, step, {rank: (start, end)}).values():
+            num_graphs += 1
+            assert g.num_gpu_ops > 0 and (g.delay_ns >= 0).all()
+            assert np.array_equal(g.replay(), g.measured_ns)  # every call, kernel, copy and the span's end
+            assert np.array_equal(g.replay(g.weights(g.matching(["no such kernel"]), 0.5)), g.measured_ns)
+            # a dependency the measurement contradicts is left out only where the trace cannot say
+            # what is waited for (device-wide syncs) or times overlap on a stream
+            assert set(g.dropped) <= {"sync", "stream"}, g.dropped
+            # faster GEMMs never make a time point later
+            t = g.replay(g.weights(g.matching(["gemm-less", *_gemm_names(con, run_id)]), 0.5))
+            assert (t <= g.measured_ns).all()
+    assert num_graphs >= 1
+    out = whatif(con, run_id, ["scale:gemm=1", "scale:gemm=0.8"], write=False)
+    for p, m in zip(out.results[1].predicted_ns, out.results[1].measured_ns):
+        assert p.tolist() == m.tolist()
+    for p, m in zip(out.results[2].predicted_ns, out.results[2].measured_ns):
+        assert (p <= m).all()
+    assert "launch-level graph" in out.summaries[2]["assumptions"][0]
+    con.close()
+
+
+def _gemm_names(con, run_id) -> list[str]:
+    part = Scale("gemm", 0.5)
+    part.prepare(con, run_id)
+    return part.names
+
+
+# --- planted traces ---------------------------------------------------------------------------
+
+BASE_NS = 1790857026000000000
+GEMM = "ampere_sgemm_128x64_nn"
+EW = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
+LAYERS, AFTER_SYNC, STEPS = 20, 5, 3
+
+
+def planted_trace(launch_gap_us: float, gemm_us: float, ew_us: float) -> tuple[dict, dict]:
+    """One GPU rank, STEPS steps: per layer aten::mm launching a GEMM and aten::add an elementwise
+    kernel, `launch_gap_us` of host time apart; then aten::item (a DtoH copy and a
+    cudaStreamSynchronize that returns when the GPU is done) and AFTER_SYNC more launches. The GPU
+    runs each kernel 3 us after its launch or when its stream is free. Returns (trace, truth)."""
+    pid, tid = 100, 100
+    ev, ext, corr = [], 1, 1
+    t, gpu_free = 1000.0, 0.0
+    gemm_total = 0.0
+
+    def cpu(name, ts, dur):
+        nonlocal ext
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": pid, "tid": tid, "ts": round(ts, 3), "dur": dur,
+                   "args": {"External id": ext}})
+        ext += 1
+        return ext - 1
+
+    def launch(kernel, ts, dur_us, cat="kernel", call="cudaLaunchKernel", op="aten::mm"):
+        nonlocal corr, gpu_free
+        e = cpu(op, ts, 4.0)
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": call, "pid": pid, "tid": tid, "ts": round(ts + 1, 3),
+                   "dur": 2.0, "args": {"External id": e, "cbid": 211, "correlation": corr}})
+        start = max(ts + 1 + 3, gpu_free)
+        ev.append({"ph": "X", "cat": cat, "name": kernel, "pid": 0, "tid": 7, "ts": round(start, 3), "dur": dur_us,
+                   "args": {"External id": e, "device": 0, "context": 1, "stream": 7, "correlation": corr,
+                            "queued": 0}})
+        corr += 1
+        gpu_free = start + dur_us
+        return start + dur_us
+
+    truth = {"sync_end_us": [], "step_us": []}
+    for step in range(1, STEPS + 1):
+        step_start = t
+        t += 20.0
+        for _ in range(LAYERS):
+            launch(GEMM, t, gemm_us)
+            gemm_total += gemm_us
+            launch(EW, t + launch_gap_us / 2, ew_us, op="aten::add")
+            t += launch_gap_us
+        launch("Memcpy DtoH (Device -> Pageable)", t, 2.0, cat="gpu_memcpy", call="cudaMemcpyAsync", op="aten::item")
+        t += 6.0
+        sync_end = max(t + 2.0, gpu_free + 1.0)
+        e = cpu("aten::_local_scalar_dense", t - 1.0, sync_end - t + 2.0)
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": pid, "tid": tid,
+                   "ts": round(t, 3), "dur": round(sync_end - t, 3), "args": {"External id": e, "cbid": 131, "correlation": corr}})
+        corr += 1
+        truth["sync_end_us"].append(sync_end)
+        t = sync_end + 5.0
+        for _ in range(AFTER_SYNC):
+            launch(EW, t, ew_us, op="aten::add")
+            t += 8.0
+        t += 10.0
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": pid, "tid": tid,
+                   "ts": round(step_start, 3), "dur": round(t - step_start, 3), "args": {}})
+        truth["step_us"].append(t - step_start)
+        t += 5.0
+    truth["gemm_us_per_step"] = gemm_total / STEPS
+    trace = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85899345920,
+                                                       "computeMajor": 8, "computeMinor": 0, "numSms": 108}],
+             "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 1},
+             "traceEvents": ev, "traceName": "planted", "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS}
+    return trace, truth
+
+
+def _store(tmp_path, name, trace):
+    path = tmp_path / name / "rank0.json.gz"
+    path.parent.mkdir(parents=True)
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    con = open_store(tmp_path / f"{name}.duckdb")
+    [r] = ingest_paths(con, [path.parent], IngestOptions(name=name, rank=0, work_dir=tmp_path))
+    analysis.analyze_run(con, r.run_id, Options())
+    return con, r.run_id
+
+
+def _segment_model(con, run_id, scenario: Scale) -> list[int]:
+    """Each step's predicted time by the segment model (X's time in each work segment x F, as
+    scale:X=F did before the device graph)."""
+    scenario.model = "segment"
+    scenario.prepare(con, run_id)
+    out = []
+    for m in graph.steps(con, run_id):
+        s = State.measured(m)
+        scenario.apply(con, run_id, m, s)
+        r = replay(m.g, s.work, s.tail, s.exit_after)
+        out.append(int((r.end_ns + s.end_delta - m.g.span_start_ns).max()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("planted")
+    runs = {}
+    # launch-bound: 50 us of host time per layer, 10 us GEMMs; GPU-bound: 5 us per layer, 100 us GEMMs
+    for name, shape in {"launch_bound": (50.0, 10.0, 5.0), "gpu_bound": (5.0, 100.0, 5.0)}.items():
+        trace, truth = planted_trace(*shape)
+        con, run_id = _store(tmp, name, trace)
+        runs[name] = (con, run_id, truth)
+    yield runs
+    for con, _, _ in runs.values():
+        con.close()
+
+
+def test_launch_bound_gains_nothing_gpu_bound_gains_half_the_gemm_time(planted):
+    results = {}
+    for name, (con, run_id, truth) in planted.items():
+        out = whatif(con, run_id, ["scale:gemm=0.5"], write=False)
+        measured, predicted = out.results[1].job_steps()
+        segment = _segment_model(con, run_id, Scale("gemm", 0.5))
+        gemm_ns = truth["gemm_us_per_step"] * 1000
+        device_gain = [m - p for m, p in zip(measured, predicted)]
+        segment_gain = [m - p for m, p in zip(measured, segment)]
+        results[name] = (device_gain, segment_gain, gemm_ns)
+        print(name, "measured", measured, "device graph", predicted, "segment model", segment, "gemm/step", gemm_ns)
+        # the segment model subtracts half the GEMM time whatever bounds the step
+        for gain in segment_gain:
+            assert gain == pytest.approx(gemm_ns / 2, rel=0.01)
+        assert "launch-level graph" in out.summaries[1]["assumptions"][0]
+    device, _, gemm_ns = results["launch_bound"]
+    # the host issues a layer every 50 us, the GPU runs it in 15: faster GEMMs end sooner and wait
+    assert all(abs(gain) <= 0.01 * gemm_ns for gain in device), device
+    device, _, gemm_ns = results["gpu_bound"]
+    # the step waits in aten::item for the GPU's queue: half the GEMM time, less the launch lead
+    assert all(gain == pytest.approx(gemm_ns / 2, rel=0.02) for gain in device), device
+
+
+def test_a_sync_after_faster_kernels_returns_earlier_and_the_launches_after_it_move(planted):
+    con, run_id, truth = planted["gpu_bound"]
+    assert device_graph.prepare(con, run_id)
+    step, start, end = con.execute("SELECT step, ts_ns, ts_ns + dur_ns FROM timeline_spans WHERE run_id = ? ORDER BY step LIMIT 1",
+                                   [run_id]).fetchone()
+    g = device_graph.step_graphs(con, run_id, step, {0: (start, end)})[0]
+    assert not g.dropped
+    t = g.replay(g.weights(g.matching(["aten::mm"]), 0.5))  # by the op that launched them: the GEMMs
+    assert np.array_equal(t, g.replay(g.weights(g.matching([GEMM]), 0.5)))
+    shift = t - g.measured_ns
+    [sync] = np.flatnonzero(g.names == "cudaStreamSynchronize")
+    assert g.measured_ns[2 * sync + 1] == BASE_NS + round(truth["sync_end_us"][0] * 1000)
+    gemm_ns = truth["gemm_us_per_step"] * 1000
+    assert shift[2 * sync] == 0  # the call starts when it did: the host was ahead
+    assert shift[2 * sync + 1] == pytest.approx(-gemm_ns / 2, rel=0.02)  # and returns earlier
+    later = np.flatnonzero(g.is_host & (g.measured_ns[0:-1:2] > g.measured_ns[2 * sync + 1]))
+    assert len(later) == AFTER_SYNC
+    assert (shift[2 * later] == shift[2 * sync + 1]).all() and shift[-1] == shift[2 * sync + 1]
+    # before the sync the host does not move: it never waited for the GPU
+    earlier = np.flatnonzero(g.is_host & (g.measured_ns[0:-1:2] < g.measured_ns[2 * sync]))
+    assert (shift[2 * earlier] == 0).all()
