@@ -81,15 +81,18 @@ def _replays(con: duckdb.DuckDBPyConnection, run_id: int) -> Table | None:
     if not has_table(con, "replays"):
         return None
     found = rows(con, """
-        SELECT finding_title, item_kind, item, variant, status, traced_ns, replayed_ns, speedup, verdict, classification, reason
+        SELECT finding_title, item_kind, item, variant, status, traced_ns, replayed_ns, speedup, verdict, classification, reason,
+               coalesce(together, 1) AS together
         FROM replays WHERE run_id = ?
         QUALIFY row_number() OVER (PARTITION BY item_key, variant ORDER BY replayed_at DESC, replay_id DESC) = 1
         ORDER BY finding_title NULLS LAST, item, variant NULLS FIRST""", [run_id])
     if not found:
         return None
-    return Table("replays", "Replays (bprof replay): each item rerun in isolation, and fix variants",
-                 ["finding", "kind", "item", "variant", "traced", "replayed", "speedup", "verdict", "classification"],
+    return Table("replays", "Replays (bprof replay): each item rerun here, alone or beside neighbours running it "
+                 "(--together), and fix variants",
+                 ["finding", "kind", "item", "variant", "traced", "replayed", "processes", "speedup", "verdict",
+                  "classification"],
                  [[fmt.text(r["finding_title"]), r["item_kind"], r["item"], fmt.text(r["variant"]) or "as traced",
-                   fmt.ms(r["traced_ns"]), fmt.ms(r["replayed_ns"]) or fmt.text(r["reason"]),
+                   fmt.ms(r["traced_ns"]), fmt.ms(r["replayed_ns"]) or fmt.text(r["reason"]), str(r["together"]),
                    "" if r["speedup"] is None else f"{r['speedup']:.2f}x", fmt.text(r["verdict"]),
                    fmt.text(r["classification"])] for r in found])
