@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/whatif_accuracy.py --skip-accuracy --ranks 1024 4096
     .venv/bin/python benchmarks/whatif_accuracy.py --dir bench-data/whatif --keep
     .venv/bin/python benchmarks/whatif_accuracy.py --skip-scale --cases b      # (b) alone
+    .venv/bin/python benchmarks/whatif_accuracy.py --skip-scale --rounds 3     # interleaved repeats
 
 Accuracy (issue 10, (a), (b) and (c)). (a), (c): records examples/train_gpt.py under `bprof
 record` (torchrun, 2 CPU ranks, gloo, data parallel, steps 3:9) in four configurations: healthy twice (the run-to-run noise), with an injected straggler
@@ -19,6 +20,12 @@ not the replay.
 micro-batches, recorded twice (first and last: the noise), and with 8; `microbatches=8` is
 predicted from each 4-micro-batch run and compared with the 8-micro-batch run's measured step
 (and `microbatches=4` from the 8-micro-batch run, the other way).
+
+With --rounds R (R >= 2) the configurations are instead recorded round after round, every
+configuration once per round (healthy, straggler, stall, 4 and 8 micro-batches), so each faulted
+run has a healthy (or other-count) run recorded next to it under the same load: each prediction is
+compared with its own round's run, and printed per round with the median and range over rounds,
+beside the noise, the spread of the same configuration's measured step over the rounds.
 
 Scale: bprof.synth.fleet runs (TP8 x PP8 x DP(N/64), 16 micro-batches of 1F1B, one step, rank 333
 1.3x slower) analysed, then `whatif` timed: the unchanged replay alone, and with no-stragglers.
@@ -141,6 +148,41 @@ def accuracy(out: Path) -> dict:
     return res
 
 
+def interleaved(out: Path, rounds: int, cases: set[str]) -> dict:
+    """Every configuration once per round, rounds after one another; predictions against their own round."""
+    configs = [("healthy", [])] if cases & {"a", "c"} else []
+    configs += [("slow", ["--slow-rank", "1", "--slow-ms", str(SLOW_MS)])] if "a" in cases else []
+    configs += [("stall", ["--dataloader-stall-ms", str(STALL_MS)])] if "c" in cases else []
+    configs += [("mb4", [*PP_ARGS, "--microbatches", "4"]), ("mb8", [*PP_ARGS, "--microbatches", "8"])] if "b" in cases else []
+    t0 = time.time()
+    dbs = [{name: record(out, f"{name}_r{i}", extra) for name, extra in configs} for i in range(rounds)]
+    print(f"recorded and analysed {rounds} rounds of {len(configs)} runs in {time.time() - t0:.0f} s", flush=True)
+    checks = [("a", "slow", "no-stragglers", "healthy"), ("c", "stall", "no-host-gaps", "healthy"),
+              ("c", "healthy", "no-host-gaps", "healthy"), ("b", "mb4", "microbatches=8", "mb8"),
+              ("b", "mb8", "microbatches=4", "mb4")]
+    res: dict = {"rounds": rounds, "measured_ns": {}, "predictions": []}
+    for name, _ in configs:
+        steps = [predict(r[name], [])[0]["measured_step_ns"] for r in dbs]
+        res["measured_ns"][name] = steps
+        spread = (max(steps) - min(steps)) / statistics.median(steps)
+        print(f"{name}: measured " + ", ".join(f"{v / 1e6:.1f}" for v in steps) + f" ms over the rounds "
+              f"(spread {spread:.1%})", flush=True)
+    for case, source, scenario, target in checks:
+        if case not in cases:
+            continue
+        errors, predicted = [], []
+        for r, measured in zip(dbs, res["measured_ns"][target]):
+            pred = predict(r[source], [scenario])[1]["predicted_step_ns"]
+            predicted.append(pred)
+            errors.append((pred - measured) / measured)
+        res["predictions"].append({"case": case, "from": source, "scenario": scenario, "against": target,
+                                   "predicted_ns": predicted, "error_frac": errors})
+        print(f"({case}) {scenario} from {source} vs {target} of the same round: "
+              + ", ".join(f"{p / 1e6:.1f} ms ({e:+.1%})" for p, e in zip(predicted, errors))
+              + f"; median {statistics.median(errors):+.1%}, range {min(errors):+.1%} to {max(errors):+.1%}", flush=True)
+    return res
+
+
 def scale(out: Path, sizes: list[int]) -> dict:
     from bprof.analyzers import run as analysis
     from bprof.analyzers.base import Options
@@ -189,15 +231,18 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--rounds", type=int, default=1, help="record every configuration once per round, interleaved (see above)")
     a = ap.parse_args()
     out = a.dir or Path(tempfile.mkdtemp(prefix="bprof-whatif-"))
     out.mkdir(parents=True, exist_ok=True)
     results = {}
     try:
         cases = set(a.cases.split(","))
-        if not a.skip_accuracy and cases & {"a", "c"}:
+        if not a.skip_accuracy and a.rounds > 1:
+            results["interleaved"] = interleaved(out, a.rounds, cases)
+        elif not a.skip_accuracy and cases & {"a", "c"}:
             results["accuracy"] = accuracy(out)
-        if not a.skip_accuracy and "b" in cases:
+        if not a.skip_accuracy and a.rounds <= 1 and "b" in cases:
             results["pipeline"] = pipeline(out)
         if not a.skip_scale:
             results["scale"] = scale(out, a.ranks)
