@@ -193,6 +193,7 @@ class Recorder:
         observer = getattr(prof, "execution_trace_observer", None)
         if observer is not None:  # the file is closed (its JSON completed) only here, or at exit, which os._exit skips
             observer.unregister_callback()
+            _gzip_in_place(Path(observer.get_output_file_path()))
         self.p2p.recording = False
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
@@ -373,6 +374,21 @@ def _export_gzip(prof, trace: Path, rank: int) -> None:
         shutil.copyfileobj(src, dst, 4 << 20)
     packed.replace(trace)
     plain.unlink()
+
+
+def _gzip_in_place(path: Path) -> None:
+    """path -> path.gz at level 1 (an execution trace: 17.5 MB per rank for 3 steps of train_gpt,
+    1.1 MB packed), written under a temporary name and renamed, then the plain file removed."""
+    import gzip
+    import shutil
+
+    if not path.is_file():
+        return
+    packed = path.with_name(path.name.replace(".json", ".tmp.json") + ".gz")
+    with path.open("rb") as src, gzip.open(packed, "wb", compresslevel=1) as dst:
+        shutil.copyfileobj(src, dst, 4 << 20)
+    packed.replace(path.with_name(path.name + ".gz"))
+    path.unlink()
 
 
 def _declared_model_flops(options: dict) -> dict:
