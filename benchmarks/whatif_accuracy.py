@@ -161,12 +161,15 @@ def interleaved(out: Path, rounds: int, cases: set[str]) -> dict:
               ("c", "healthy", "no-host-gaps", "healthy"), ("b", "mb4", "microbatches=8", "mb8"),
               ("b", "mb8", "microbatches=4", "mb4")]
     res: dict = {"rounds": rounds, "measured_ns": {}, "predictions": []}
+    res["parts_ns"] = {}
     for name, _ in configs:
         steps = [predict(r[name], [])[0]["measured_step_ns"] for r in dbs]
         res["measured_ns"][name] = steps
+        res["parts_ns"][name] = parts = [_parts(r[name]) for r in dbs]
         spread = (max(steps) - min(steps)) / statistics.median(steps)
         print(f"{name}: measured " + ", ".join(f"{v / 1e6:.1f}" for v in steps) + f" ms over the rounds "
-              f"(spread {spread:.1%})", flush=True)
+              f"(spread {spread:.1%}); per rank-step median compute / exposed comm / idle+other: "
+              + ", ".join("/".join(f"{v / 1e6:.1f}" for v in p) for p in parts) + " ms", flush=True)
     for case, source, scenario, target in checks:
         if case not in cases:
             continue
@@ -181,6 +184,19 @@ def interleaved(out: Path, rounds: int, cases: set[str]) -> dict:
               + ", ".join(f"{p / 1e6:.1f} ms ({e:+.1%})" for p, e in zip(predicted, errors))
               + f"; median {statistics.median(errors):+.1%}, range {min(errors):+.1%} to {max(errors):+.1%}", flush=True)
     return res
+
+
+def _parts(db: Path) -> tuple[float, float, float]:
+    """Median over rank-steps of breakdown_steps' compute, exposed communication and idle + other (ns):
+    where a prediction's residual sits (a faulted run's compute slower than a healthy run's, say)."""
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute("""SELECT median(compute_ns), median(exposed_comm_ns), median(idle_ns + other_ns)
+                              FROM breakdown_steps WHERE step >= 0""").fetchone()
+    finally:
+        con.close()
 
 
 def scale(out: Path, sizes: list[int]) -> dict:
