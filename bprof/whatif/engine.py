@@ -77,10 +77,14 @@ class StepGraph:
         # and the replay of unchanged work stays exact.
         order = _chain_order(rank, last[dense], arrival_ns, dense)
         dense, g_rank, g_arr, g_end = dense[order], rank[order], arrival_ns[order], end_ns[order]
-        row_span = np.searchsorted(span_rank, g_rank)
-        if len(g_rank) and (row_span.max() >= len(span_rank) or (span_rank[row_span] != g_rank).any()):
-            missing = sorted(set(g_rank.tolist()) - set(span_rank.tolist()))
+        # rows are sorted by rank: look up each run of a rank once
+        starts = np.flatnonzero(np.r_[True, g_rank[1:] != g_rank[:-1]]) if len(g_rank) else np.zeros(0, dtype=np.int64)
+        run_rank = g_rank[starts]
+        run_span = np.searchsorted(span_rank, run_rank)
+        if len(run_rank) and (run_span.max() >= len(span_rank) or (span_rank[run_span] != run_rank).any()):
+            missing = sorted(set(run_rank.tolist()) - set(span_rank.tolist()))
             raise ValueError(f"ranks {missing[:5]} join collectives of the step but have no span in it")
+        row_span = np.repeat(run_span, np.diff(np.r_[starts, len(g_rank)]))
         instance_order = np.lexsort((np.arange(len(last)), last))
         position = np.empty(len(ids), dtype=np.int64)
         position[instance_order] = np.arange(len(ids))
@@ -176,10 +180,10 @@ def _chain_order(rank: np.ndarray, last_ns: np.ndarray, arrival_ns: np.ndarray, 
         return np.zeros(0, dtype=np.int64)
     if not (rank.min() >= 0 and rank.max() < 1 << 24):
         return np.lexsort((dense, arrival_ns, last_ns, rank))
-    order = _by_rank_then_key(rank, last_ns, int(rank.max()) + 1)
+    order, last, ptr = _by_rank_then_key(rank, last_ns, int(rank.max()) + 1)
     # rows tied on (rank, last) - rare: two instances of a rank ending their arrivals at the same
     # instant - reordered by (arrival, instance)
-    r, last = rank[order], last_ns[order]
+    r = np.repeat(np.arange(len(ptr) - 1, dtype=np.int32), np.diff(ptr))
     same = (r[1:] == r[:-1]) & (last[1:] == last[:-1])
     if same.any():
         tied = np.zeros(len(order), dtype=bool)
@@ -194,32 +198,45 @@ def _chain_order(rank: np.ndarray, last_ns: np.ndarray, arrival_ns: np.ndarray, 
 
 @numba.njit(cache=True, nogil=True)
 def _by_rank_then_key(rank, key, num_ranks):  # pragma: no cover - compiled
-    """Rows by rank (counting sort), each rank's rows by key (stable). A rank's rows usually come
-    nearly in key order (the store keeps a rank's calls in call order), so each is first insertion
-    sorted, which is linear then; past a budget of moves it is merge sorted instead (both are
-    stable, so the result is the same)."""
-    rows, ptr = _counting_sort(rank, num_ranks)
+    """Rows by rank (counting sort), each rank's rows by key (stable); with their keys in that order
+    and each rank's start (CSR). The keys travel with the rows, so each rank's rows are sorted in
+    cache. A rank's rows usually come nearly in key order (the store keeps a rank's calls in call
+    order), so each rank is first insertion sorted, linear then; past a budget of moves it is merge
+    sorted instead (both stable: the same result)."""
+    ptr = np.zeros(num_ranks + 1, dtype=np.int64)
+    for r in rank:
+        ptr[r + 1] += 1
+    for r in range(num_ranks):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:-1].copy()
+    rows = np.empty(len(rank), dtype=np.int64)
+    keys = np.empty(len(rank), dtype=key.dtype)
+    for i in range(len(rank)):
+        at = fill[rank[i]]
+        rows[at] = i
+        keys[at] = key[i]
+        fill[rank[i]] += 1
     for r in range(num_ranks):
         lo, hi = ptr[r], ptr[r + 1]
-        if hi - lo > 1 and not _insertion_sort(rows, key, lo, hi, 8 * (hi - lo)):
-            chunk = rows[lo:hi].copy()
-            rows[lo:hi] = chunk[np.argsort(key[chunk], kind="mergesort")]
-    return rows
+        if hi - lo > 1 and not _insertion_sort(rows, keys, lo, hi, 8 * (hi - lo)):
+            by_key = np.argsort(keys[lo:hi], kind="mergesort")
+            rows[lo:hi] = rows[lo:hi][by_key]
+            keys[lo:hi] = keys[lo:hi][by_key]
+    return rows, keys, ptr
 
 
 @numba.njit(cache=True, nogil=True)
-def _insertion_sort(rows, key, lo, hi, budget):  # pragma: no cover - compiled
-    """Stable insertion sort of rows[lo:hi] by key[row], in place; False (rows partly sorted, still
+def _insertion_sort(rows, keys, lo, hi, budget):  # pragma: no cover - compiled
+    """Stable insertion sort of keys[lo:hi], rows moving alike, in place; False (partly sorted, still
     in stable order) once more than `budget` moves were needed."""
     moves = 0
     for i in range(lo + 1, hi):
-        row = rows[i]
-        k = key[row]
+        row, k = rows[i], keys[i]
         j = i
-        while j > lo and key[rows[j - 1]] > k:
-            rows[j] = rows[j - 1]
+        while j > lo and keys[j - 1] > k:
+            rows[j], keys[j] = rows[j - 1], keys[j - 1]
             j -= 1
-        rows[j] = row
+        rows[j], keys[j] = row, k
         moves += i - j
         if moves > budget:
             return False

@@ -15,7 +15,7 @@ import statistics
 import numba
 import numpy as np
 
-from bprof.whatif.engine import StepGraph, exit_offsets, replay_in_order, work_segments
+from bprof.whatif.engine import StepGraph, _counting_sort, exit_offsets, replay_in_order, work_segments
 
 
 class PeerStep:
@@ -55,18 +55,27 @@ class PeerStep:
         occurrences = int(occurrence.max()) + 1 if m else 1
         group = (self.sig[sub_span] * roles + sub_role) * occurrences + occurrence
         del sub_role, sub_span, occurrence
-        order = _by_group_and_work(group, sub_work)
+        num_keys = int(group.max()) + 1 if m else 0
+        if num_keys <= max(m, 1 << 20):
+            # a counting sort by key, then each key's rows (one per rank of the signature) by work:
+            # small sorts in cache instead of one argsort of 20 million keys
+            order, ptr = _by_key_then_work(group, sub_work, num_keys)
+            self.group_first = ptr[group].astype(idx)  # sorted position of the row's key's first row
+            self.group_size = (ptr[group + 1] - ptr[group]).astype(idx)
+            del group, ptr
+        else:
+            order = _by_group_and_work(group, sub_work)
+            sorted_group = group[order]
+            del group
+            group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
+            del sorted_group
+            sizes = np.diff(np.r_[group_start, m])
+            self.group_first = np.empty(m, dtype=idx)
+            self.group_first[order] = np.repeat(group_start, sizes)
+            self.group_size = np.empty(m, dtype=idx)
+            self.group_size[order] = np.repeat(sizes, sizes)
         self.sorted_work = sub_work[order]
         del sub_work
-        sorted_group = group[order]
-        del group
-        group_start = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]]) if m else np.zeros(0, dtype=np.int64)
-        del sorted_group
-        sizes = np.diff(np.r_[group_start, m])
-        self.group_first = np.empty(m, dtype=idx)  # sorted position of the row's key's first row
-        self.group_first[order] = np.repeat(group_start, sizes)
-        self.group_size = np.empty(m, dtype=idx)
-        self.group_size[order] = np.repeat(sizes, sizes)
         self.position = np.empty(m, dtype=idx)  # sorted position of the row
         self.position[order] = np.arange(m, dtype=idx)
         # rows are sorted by rank: span rank i has rows rank_start[i]:rank_start[i + 1]
@@ -174,6 +183,19 @@ def _occurrence(span, role, roles):  # pragma: no cover - compiled
         out[i] = seen[role[i]]
         seen[role[i]] += 1
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _by_key_then_work(key, work, num_keys):  # pragma: no cover - compiled
+    """Rows by key 0..num_keys-1 (counting sort), each key's rows by work; and each key's start (CSR).
+    Rows of equal key and work are interchangeable here, so the sort within a key need not be stable."""
+    rows, ptr = _counting_sort(key, num_keys)
+    for k in range(num_keys):
+        lo, hi = ptr[k], ptr[k + 1]
+        if hi - lo > 1:
+            chunk = rows[lo:hi].copy()
+            rows[lo:hi] = chunk[np.argsort(work[chunk])]
+    return rows, ptr
 
 
 def _by_group_and_work(group: np.ndarray, work: np.ndarray) -> np.ndarray:
