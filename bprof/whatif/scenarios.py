@@ -11,9 +11,10 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   work (and its noise), transfers stay as measured.
 - `scale:X=F`: the GPU work of kernel class X (a catalogue class: gemm, attention, norm, ...) or of
   the kernel/op named X takes F (> 0) x its time. On a rank that ran kernels in the step, each
-  work segment changes by what the rank's launch-level graph (bprof.whatif.device_graph: CUDA
-  calls per thread, launches, stream order, host syncs) says: its end moves by the replayed shift
-  of the last GPU work or training-thread call at or before it, less its start's shift; so faster
+  work segment changes by what the rank's launch-level graph of its captured steps
+  (bprof.whatif.device_graph: CUDA calls per thread, launches, stream order, host syncs, calls
+  blocked on a full launch queue) says: its end moves by the replayed shift of the last GPU work
+  or training-thread call at or before it, less its start's shift; so faster
   kernels buy nothing where the host issues them slower than the GPU runs them, and a kernel that
   overlaps another stream buys only what the streams' order lets through. On a rank without kernels
   (CPU traces), X's time in each segment (its main-thread ops) is multiplied by F, the rest of the
@@ -161,6 +162,7 @@ class Scale(Part):
     has_kernels: bool = False
     device_ranks: set = dataclasses.field(default_factory=set)
     segment_ranks: set = dataclasses.field(default_factory=set)
+    replayed: dict = dataclasses.field(default_factory=dict)  # rank -> device graph shifts (None: no GPU work)
 
     @property
     def text(self):
@@ -168,7 +170,7 @@ class Scale(Part):
 
     def prepare(self, con, run_id):
         self.is_class = self.target in FINE_CLASSES
-        self.device_ranks, self.segment_ranks = set(), set()
+        self.device_ranks, self.segment_ranks, self.replayed = set(), set(), {}
         self.has_kernels = self.model == "auto" and self.factor != 1.0 and device_graph.prepare(con, run_id)
         if self.is_class:
             pairs = con.execute("SELECT DISTINCT name, kind FROM events WHERE run_id = ? AND kind IN ('kernel', 'cpu_op') "
@@ -189,23 +191,21 @@ class Scale(Part):
         n = len(s.work)
         rank, lo, hi = m.segments()
         graphs = {}
-        if self.has_kernels and m.has_events.any():
-            start, end = m.g.span_start_ns - m.offset_ns, m.g.span_end_ns - m.offset_ns
-            spans = {r: (int(a), int(b)) for r, a, b, e in zip(m.g.span_rank.tolist(), start, end, m.has_events) if e}
-            graphs = device_graph.step_graphs(con, run_id, m.step, spans)
+        if self.has_kernels:
+            for r, has in zip(m.g.span_rank.tolist(), m.has_events.tolist()):
+                shifts = self._shifts(con, run_id, r) if has else None
+                if shifts is not None:
+                    graphs[r] = shifts
         delta = np.zeros(len(rank), dtype=np.int64)
-        on_device = np.zeros(len(rank), dtype=bool)
+        on_device = np.isin(rank, list(graphs))
         if graphs:
             by_rank = np.argsort(rank, kind="stable")
             cuts = np.flatnonzero(np.r_[True, rank[by_rank][1:] != rank[by_rank][:-1], True])
             for a, b in zip(cuts[:-1], cuts[1:]):
                 idx = by_rank[a:b]
-                dg = graphs.get(int(rank[idx[0]]))
-                if dg is None:
-                    continue
-                t = dg.replay(dg.weights(dg.matching(self.names), self.factor))
-                delta[idx] = dg.shift_at(hi[idx], t) - dg.shift_at(lo[idx], t)
-                on_device[idx] = True
+                shifts = graphs.get(int(rank[idx[0]]))
+                if shifts is not None:
+                    delta[idx] = shifts.at(hi[idx]) - shifts.at(lo[idx])
         self.device_ranks |= set(graphs)
         segment = set(m.g.span_rank[m.has_events].tolist()) - set(graphs)
         self.segment_ranks |= segment
@@ -218,6 +218,13 @@ class Scale(Part):
         s.work = np.where(on_device[:n], s.work + delta[:n], _plus(s.work, old[:n]))
         s.tail = np.where(on_device[n:], s.tail + delta[n:], _plus(s.tail, old[n:]))
 
+    def _shifts(self, con, run_id: int, rank: int):
+        """The rank's device graph replayed with X scaled (once per run): its shifts, None without GPU work."""
+        if rank not in self.replayed:
+            dg = device_graph.cached_graph(con, run_id, rank)
+            self.replayed[rank] = None if dg is None else dg.shifts(dg.replay(dg.weights(dg.matching(self.names), self.factor)))
+        return self.replayed[rank]
+
     def assumption(self):
         what = f"kernel class {self.target} ({len(self.names)} names)" if self.is_class else f"the kernel or op {self.target}"
         text = f"{self.text}: the GPU work of {what} x {self.factor:g}"
@@ -225,8 +232,9 @@ class Scale(Part):
             return text + ": the identity, nothing replayed"
         if self.device_ranks:
             text += (f"; ranks {_ranks(self.device_ranks)} (with kernels): each work segment moves as the rank's "
-                     "launch-level graph replays it (CUDA calls per thread, launches, stream order, device-wide host "
-                     "syncs, measured slack kept; cross-stream event waits not modelled; bprof/whatif/device_graph.py)")
+                     "launch-level graph of its captured steps replays it (CUDA calls per thread, launches, stream "
+                     "order, device-wide host syncs, calls blocked until GPU work ended, measured slack kept; "
+                     "cross-stream event waits not modelled; bprof/whatif/device_graph.py)")
         if self.segment_ranks or not self.device_ranks:
             who = f"ranks {_ranks(self.segment_ranks)}" if self.segment_ranks else "ranks"
             text += (f"; {who} without kernels: X's time in each work segment (its kernels, or its ops on the main "
