@@ -111,9 +111,10 @@ class DeviceGraph:
         hit = np.isin(self.names, names) | np.isin(self.op_names, names)
         return hit & ~self.is_host
 
-    def weights(self, scaled: np.ndarray | None = None, factor: float = 1.0) -> np.ndarray:
-        """The edge weights with the GPU work marked in `scaled` (per op) taking `factor` x its time."""
-        w = self.weight_ns.copy()
+    def weights(self, scaled: np.ndarray | None = None, factor: float = 1.0, base_ns: np.ndarray | None = None) -> np.ndarray:
+        """The edge weights (`base_ns`, default as measured) with the GPU work marked in `scaled` (per
+        op) taking `factor` x its time."""
+        w = (self.weight_ns if base_ns is None else base_ns).copy()
         if scaled is not None and factor != 1.0:
             e = self.gpu_edge[scaled & (self.gpu_edge >= 0)]
             w[e] = np.rint(w[e] * factor).astype(np.int64)

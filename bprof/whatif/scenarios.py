@@ -18,7 +18,9 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   kernels buy nothing where the host issues them slower than the GPU runs them, and a kernel that
   overlaps another stream buys only what the streams' order lets through. On a rank without kernels
   (CPU traces), X's time in each segment (its main-thread ops) is multiplied by F, the rest of the
-  segment stays: assumed on the rank's critical path.
+  segment stays: assumed on the rank's critical path. Several scale parts of one scenario replay
+  the device graph together: each part's change is its replay with the parts before it and itself
+  less the replay with the parts before it, so they add up to one replay with all of them.
 - `no-host-gaps`: the host gaps of each work segment are removed (as CUDA graphs, a prefetching data
   loader and no host syncs would): device idle time (breakdown_idle_gaps), and on CPU traces the
   data-loading ranges too. The device work around them stays.
@@ -163,6 +165,7 @@ class Scale(Part):
     device_ranks: set = dataclasses.field(default_factory=set)
     segment_ranks: set = dataclasses.field(default_factory=set)
     replayed: dict = dataclasses.field(default_factory=dict)  # rank -> device graph shifts (None: no GPU work)
+    before: list = dataclasses.field(default_factory=list)  # the scale parts before this one in its scenario
 
     @property
     def text(self):
@@ -205,7 +208,10 @@ class Scale(Part):
                 idx = by_rank[a:b]
                 shifts = graphs.get(int(rank[idx[0]]))
                 if shifts is not None:
-                    delta[idx] = shifts.at(hi[idx]) - shifts.at(lo[idx])
+                    after, before = shifts
+                    delta[idx] = after.at(hi[idx]) - after.at(lo[idx])
+                    if before is not None:
+                        delta[idx] -= before.at(hi[idx]) - before.at(lo[idx])
         self.device_ranks |= set(graphs)
         segment = set(m.g.span_rank[m.has_events].tolist()) - set(graphs)
         self.segment_ranks |= segment
@@ -219,10 +225,19 @@ class Scale(Part):
         s.tail = np.where(on_device[n:], s.tail + delta[n:], _plus(s.tail, old[n:]))
 
     def _shifts(self, con, run_id: int, rank: int):
-        """The rank's device graph replayed with X scaled (once per run): its shifts, None without GPU work."""
+        """The rank's device graph replayed (once per run) with the scale parts before this one in the
+        scenario and with this one too: the shifts of both (None for the first without parts before),
+        so that the parts' changes add up to one replay with all of them; None without GPU work."""
         if rank not in self.replayed:
             dg = device_graph.cached_graph(con, run_id, rank)
-            self.replayed[rank] = None if dg is None else dg.shifts(dg.replay(dg.weights(dg.matching(self.names), self.factor)))
+            if dg is None:
+                self.replayed[rank] = None
+            else:
+                w = dg.weight_ns
+                for q in self.before:
+                    w = dg.weights(dg.matching(q.names), q.factor, w)
+                before = dg.shifts(dg.replay(w)) if self.before else None
+                self.replayed[rank] = (dg.shifts(dg.replay(dg.weights(dg.matching(self.names), self.factor, w))), before)
         return self.replayed[rank]
 
     def assumption(self):
@@ -434,6 +449,9 @@ def parse(text: str) -> list[Part]:
     if not text.strip() or any(not p for p in parts):
         raise UsageError(f"scenario {text!r}: empty part (parts are joined by '+')")
     out = [_part(p) for p in parts]
+    for i, p in enumerate(out):
+        if isinstance(p, Scale):  # on the device graph, a scale part replays with the ones before it
+            p.before = [q for q in out[:i] if isinstance(q, Scale)]
     links = [p for p in out if isinstance(p, CollectiveModel)]
     for p in out:
         if isinstance(p, DataParallel) and links:

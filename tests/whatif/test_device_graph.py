@@ -252,3 +252,18 @@ def test_a_sync_after_faster_kernels_returns_earlier_and_the_launches_after_it_m
     # the next step starts earlier by as much, and gains as much again
     assert shift[g.start_point(1)] == shift[2 * sync + 1]
     assert g.step_ns(t).tolist() == pytest.approx((g.step_ns(g.measured_ns) - gemm_ns / 2).tolist(), rel=0.02)
+
+
+def test_scale_parts_of_one_scenario_replay_the_graph_together(planted):
+    """Each part's change is measured with the parts before it applied, so the scenario's prediction
+    is one replay with all of them (changes do not add in a max-plus graph)."""
+    for name in ("launch_bound", "gpu_bound"):
+        con, run_id, _ = planted[name]
+        out = whatif(con, run_id, ["scale:gemm=0.5+scale:aten::add=0.2"], write=False)
+        assert device_graph.prepare(con, run_id)
+        g = device_graph.rank_graph(con, run_id, 0)
+        t = g.replay(g.weights(g.matching(["aten::add"]), 0.2, g.weights(g.matching([GEMM]), 0.5)))
+        assert [int(p[0]) for p in out.results[1].predicted_ns] == g.step_ns(t).tolist()
+        if name == "gpu_bound":  # both classes on the critical path: more than GEMMs alone
+            alone = g.step_ns(g.replay(g.weights(g.matching([GEMM]), 0.5)))
+            assert (g.step_ns(t) < alone).all()
