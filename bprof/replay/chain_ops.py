@@ -14,10 +14,10 @@ from typing import Callable
 
 from bprof.replay.chains import ChainItem
 from bprof.replay.et_rebuild import build_nodes, first_line
-from bprof.replay.ops import _derived, compare
+from bprof.replay.ops import _derived, compare, judged
 from bprof.replay.plan import spread_of
 from bprof.replay.rebuild import NotRebuildable
-from bprof.replay.results import ReplayResult, classify, judge, samples_result
+from bprof.replay.results import ReplayResult
 
 def replay_chain(torch, item: ChainItem, dev, variants: tuple[str, ...], repeats: int, min_time_s: float,
                  num_threads: int | None) -> list[ReplayResult]:
@@ -49,16 +49,7 @@ def replay_chain(torch, item: ChainItem, dev, variants: tuple[str, ...], repeats
     except Exception as exc:  # the chain failed when run for real
         base.status, base.reason = "failed", first_line(exc)
         return [base]
-    samples_result(base, samples["baseline"])
-    base.classification = classify(item.traced_ns, base.replayed_samples_ns)
-    for name in fns:
-        if name == "baseline":
-            continue
-        r = samples_result(_derived(base, name, "replayed", notes.get(name)), samples[name])
-        r.baseline_ns = base.replayed_ns
-        r.speedup, r.verdict = judge(samples[name], samples["baseline"])
-        out.append(r)
-    return [base] + out
+    return judged(base, item.traced_ns, samples, notes) + out
 
 
 def build_chain(torch, item: ChainItem, dev) -> tuple[Callable, list]:

@@ -55,18 +55,24 @@ def replay_op(torch, item: OpItem, dev, variants: tuple[str, ...], repeats: int,
     except Exception as exc:  # the op failed when run for real (out of memory, a kernel's own check)
         base.status, base.reason = "failed", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
         return [base]
-    per_call = {k: [s for s in v] for k, v in samples.items()}
-    samples_result(base, per_call["baseline"])
-    base.classification = classify(item.traced_ns, base.replayed_samples_ns)
+    return judged(base, item.traced_ns, samples, _NOTES) + skipped
+
+
+def judged(base: ReplayResult, traced_ns: list[int], samples: dict[str, list[float]],
+           notes: dict[str, str]) -> list[ReplayResult]:
+    """The baseline filled in from its samples and classified, then one result per variant timed
+    beside it, with its speedup and verdict against the baseline's samples."""
+    samples_result(base, samples["baseline"])
+    base.classification = classify(traced_ns, base.replayed_samples_ns)
     out = [base]
-    for name in fns:
+    for name, variant_samples in samples.items():
         if name == "baseline":
             continue
-        r = samples_result(_derived(base, name, "replayed", _NOTES.get(name)), per_call[name])
+        r = samples_result(_derived(base, name, "replayed", notes.get(name)), variant_samples)
         r.baseline_ns = base.replayed_ns
-        r.speedup, r.verdict = judge(per_call[name], per_call["baseline"])
+        r.speedup, r.verdict = judge(variant_samples, samples["baseline"])
         out.append(r)
-    return out + skipped
+    return out
 
 
 def from_exec_trace(torch, item: OpItem, dev) -> Callable:
