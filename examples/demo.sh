@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: `bprof record` runs a real 4-rank torchrun of the example GPT trainer (TP=2 x
 # DP=2, gloo on CPU) with no change to its code, captures iterations 3-5 on every rank, ingests
-# them into a DuckDB store, summarises and analyses the run. Then a synthetic 8-GPU NCCL run with planted
+# them into a DuckDB store, summarises and analyses the run, predicts two fixes (whatif), reruns its
+# top op and collective (replay) and writes the web report. Then a synthetic 8-GPU NCCL run with planted
 # ground truth shows the GPU/NCCL paths on a machine without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,11 @@ bprof info demo-tp2-dp2 --db "$db"
 echo "== bprof calibrate (this machine's measured fp32 peak: the MFU denominator of CPU runs) and bprof analyze"
 bprof calibrate --db "$db" --dtype fp32 --repeats 3
 bprof analyze demo-tp2-dp2 --db "$db"
+echo "== bprof whatif: the step replayed from its dependency graph, unchanged and with two fixes"
+bprof whatif demo-tp2-dp2 --db "$db" -s no-host-gaps -s perfect-overlap
+echo "== bprof replay: the top op and collective rerun here, fp32 against bf16"
+bprof replay demo-tp2-dp2 --db "$db" --top 1 --variant bf16 --repeats 3 2> "$out/replay.log" \
+    || { cat "$out/replay.log"; exit 1; }
 echo "== bprof report --html: the web report of the recorded run as one offline file (bprof report --serve serves it)"
 bprof report demo-tp2-dp2 --db "$db" --html "$out/report.html"
 
