@@ -11,7 +11,11 @@ Per trace: ingest, analyse (timeline, breakdown, match, clock, idle), then for e
 "segment"): the change of the job's step as whatif summarises it (median predicted step against
 median measured step), the median over steps of each step's own change, and the gain over the
 whole captured window (all steps together) beside (1 - F) x X's kernel time in the window (what a
-fully GPU-bound rank would gain); X's kernel time per step (median). Timing: building each
+fully GPU-bound rank would gain); X's kernel time per step (median).
+
+Synthetic truth: bprof.synth runs (tp2 x dp2, NCCL-style streams, the host blocking only in
+aten::item) healthy and with every compute kernel 2x slower; every compute class scaled by 0.5 in
+one scenario from the slow run, against the healthy run's measured steps, by both models. Timing: building each
 rank's graph of its captured steps (SQL read + numpy) and one replay of it (numba, compiled before
 timing; median of 20), both per rank-step (divided by the rank's steps). Prints a table and, with --json, the rows.
 """
@@ -82,7 +86,7 @@ def timings(con, run_id: int, part: Scale) -> dict:
     """Build and replay times of the run's rank graphs (one per rank, all its captured steps)."""
     device_graph.prepare(con, run_id)
     ranks = [r for (r,) in con.execute("SELECT DISTINCT rank FROM timeline_spans WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
-    build_s, replay_s, points, steps, blocked, dropped = [], [], [], 0, 0, {}
+    build_s, replay_s, points, steps, blocked, events, dropped = [], [], [], 0, 0, 0, {}
     for rank in ranks:
         t0 = time.perf_counter()
         g = device_graph.rank_graph(con, run_id, rank)
@@ -100,12 +104,52 @@ def timings(con, run_id: int, part: Scale) -> dict:
         points.append(len(g.measured_ns) / len(g.steps))
         steps += len(g.steps)
         blocked += int(g.blocked.sum())
+        events += g.kept.get("event", 0)
         for k, v in g.dropped.items():
             dropped[k] = dropped.get(k, 0) + v
     return {"rank_steps": steps, "time_points_per_rank_step": int(statistics.median(points)) if points else 0,
             "build_s_per_rank_step": sum(build_s) / max(steps, 1),
             "replay_s_per_rank_step": statistics.median(replay_s) if replay_s else None,
-            "blocked_calls": blocked, "dropped_edges": dropped}
+            "blocked_calls": blocked, "event_edges": events, "dropped_edges": dropped}
+
+
+def synthetic_truth(work: Path, factor: float = 2.0) -> dict:
+    """bprof.synth (tp2 x dp2, one host, 3 steps, seed 5) healthy and with every compute kernel
+    `factor` x slower (slow_host: the same random draws, only those kernels differ); from the slow
+    run, every compute class on stream 7 scaled by 1/factor in one scenario, against the healthy
+    run's measured job steps."""
+    from bprof.kernels.classify import classify_many
+    from bprof.synth import Fault, Scenario, write_run
+
+    stores = {}
+    for name, faults in (("healthy", []), ("slow", [Fault("slow_host", host=0, factor=factor)])):
+        write_run(Scenario(tp=2, pp=1, dp=2, steps=3, hosts=1, seed=5, faults=faults), work / name)
+        con = open_store(work / f"{name}.duckdb")
+        [r] = ingest_paths(con, [work / name], IngestOptions(name=name, work_dir=work))
+        analysis.analyze_run(con, r.run_id, Options())
+        stores[name] = (con, r.run_id)
+    con, run_id = stores["slow"]
+    pairs = con.execute("SELECT DISTINCT name, 'kernel' FROM events WHERE run_id = ? AND kind = 'kernel' AND stream = 7",
+                        [run_id]).fetchall()
+    classes = sorted({fine for _, _, fine, _, _ in classify_many(pairs)} - {"unknown"})
+    text = "+".join(f"scale:{c}={1 / factor:g}" for c in classes)
+    out = whatif(con, run_id, [text], write=False)
+    slow, device = out.results[1].job_steps()
+    parts = parse(text)
+    segment = []
+    for p in parts:
+        p.model = "segment"
+        p.prepare(con, run_id)
+    for m in graph.steps(con, run_id):
+        s = State.measured(m)
+        for p in parts:
+            p.apply(con, run_id, m, s)
+        r = replay(m.g, s.work, s.tail, s.exit_after)
+        segment.append(int((r.end_ns + s.end_delta - m.g.span_start_ns).max()))
+    healthy, _ = whatif(*stores["healthy"], [], write=False).results[0].job_steps()
+    for c, _ in stores.values():
+        c.close()
+    return {"scenario": text, "slow_ns": slow, "healthy_ns": healthy, "device_graph_ns": device, "segment_model_ns": segment}
 
 
 def main() -> None:
@@ -114,6 +158,7 @@ def main() -> None:
     ap.add_argument("--scenario", action="append", default=None, help="scale:X=F (repeatable)")
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--skip-synthetic", action="store_true", help="skip the synthetic-truth check")
     args = ap.parse_args()
     scenarios = args.scenario or ["scale:gemm=0.8", "scale:elementwise=0.8"]
     rows = []
@@ -147,12 +192,13 @@ def main() -> None:
                     "class_time_ns": class_time_ns(con, run_id, part.names),
                     "whatif_s": whatif_s, **timings(con, run_id, part)})
             con.close()
+        truth = None if args.skip_synthetic else synthetic_truth(Path(tmp))
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"traces": rows, "synthetic": truth}, indent=1))
         return
     print(f"{'trace':25} {'scenario':21} {'steps':>5} {'step ms':>7} {'X ms':>6} | {'device graph: median':>20} {'per step':>8} "
           f"{'window ms':>9} | {'segment: median':>15} {'per step':>8} {'window ms':>9} | {'(1-F)X ms':>9} | "
-          f"{'build ms':>8} {'replay us':>9} {'points':>6} {'blocked':>7} dropped")
+          f"{'build ms':>8} {'replay us':>9} {'points':>6} {'blocked':>7} {'events':>6} dropped")
     for r in rows:
         print(f"{r['trace']:25} {r['scenario']:21} {r['num_steps']:5d} {r['measured_step_ns'] / 1e6:7.2f} "
               f"{r['class_time_ns'] / 1e6:6.2f} | {100 * r['device_graph_delta_frac']:+19.2f}% "
@@ -160,7 +206,15 @@ def main() -> None:
               f"{100 * r['segment_model_delta_frac']:+14.2f}% {100 * r['segment_model_step_delta_frac']:+7.2f}% "
               f"{r['segment_model_window_gain_ns'] / 1e6:9.2f} | {r['window_class_saving_ns'] / 1e6:9.2f} | "
               f"{1e3 * r['build_s_per_rank_step']:8.1f} {1e6 * r['replay_s_per_rank_step']:9.1f} "
-              f"{r['time_points_per_rank_step']:6d} {r['blocked_calls']:7d} {r['dropped_edges']}")
+              f"{r['time_points_per_rank_step']:6d} {r['blocked_calls']:7d} {r['event_edges']:6d} {r['dropped_edges']}")
+
+    if truth:
+        print(f"\nsynthetic truth: {truth['scenario']} on the run with compute kernels 2x slower")
+        for key in ("slow_ns", "healthy_ns", "device_graph_ns", "segment_model_ns"):
+            print(f"  {key:17} " + " ".join(f"{v / 1e6:8.2f}" for v in truth[key]) + " ms")
+        for key in ("device_graph_ns", "segment_model_ns"):
+            err = [100 * (p / h - 1) for p, h in zip(truth[key], truth["healthy_ns"])]
+            print(f"  {key:17} error vs healthy: " + " ".join(f"{e:+.2f}%" for e in err))
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ measured times (plus weights); so the unchanged replay reproduces every measured
 (tested on every GPU trace of ../shared). A dependency the measurement contradicts (a predecessor
 later than the node: a device-wide sync that did not wait for a stream, overlapping calls) is left
 out and counted in `dropped`. Edges the traces cannot show (cudaStreamWaitEvent between streams:
-its event and streams are not recorded) are not modelled: work after such a wait keeps its
-measured delay after its launch and stream predecessor.
+its event and streams are not recorded) are inferred: on a rank that calls cudaStreamWaitEvent,
+GPU work that started later than its launch and stream order allow starts after the work of
+another stream of its device that ended last before it, when that ended in between (an NCCL
+kernel waiting for the compute stream, compute waiting for a collective's result).
 
 The graph spans all captured steps of the rank, because the GPU can run a step behind the host:
 the launches of step s wait for step s-1's kernels. Time points before the window (the work of
@@ -62,8 +64,10 @@ _SYNC_COPY = re.compile(r"^(cuda|hip)Memcpy(2D|3D|Peer|ToSymbol|FromSymbol)?$|^h
 BLOCKED_MIN_NS = 50_000  # a call is blocked when it took longer than this ...
 BLOCKED_X_MEDIAN = 4  # ... and than this many times the median of its name on the rank
 
-EDGE_KINDS = ("thread", "call", "gpu", "launch", "stream", "sync", "blocked", "step", "end")
-_THREAD, _CALL, _GPU, _LAUNCH, _STREAM, _SYNC_EDGE, _BLOCKED, _STEP, _END = range(len(EDGE_KINDS))
+_WAIT_EVENT = re.compile(r"^(cuda|hip|cu)StreamWaitEvent$")
+
+EDGE_KINDS = ("thread", "call", "gpu", "launch", "stream", "sync", "blocked", "step", "end", "event")
+_THREAD, _CALL, _GPU, _LAUNCH, _STREAM, _SYNC_EDGE, _BLOCKED, _STEP, _END, _EVENT = range(len(EDGE_KINDS))
 _NONE = np.iinfo(np.int64).min // 4  # no lower bound
 
 
@@ -90,6 +94,7 @@ class DeviceGraph:
     order: np.ndarray  # the time points in a topological order
     anchors: np.ndarray  # time points a segment boundary may be read at (GPU work, training calls, step starts and ends)
     dropped: dict  # edge kind -> count of measured-contradicted dependencies left out
+    kept: dict  # edge kind -> count of edges in the graph
 
     @property
     def num_ops(self) -> int:
@@ -202,6 +207,27 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
     gs = g[np.lexsort((end[g], ts[g], stream[g], device[g]))]
     same_stream = (device[gs[1:]] == device[gs[:-1]]) & (stream[gs[1:]] == stream[gs[:-1]])
     add(end_pt[gs[:-1][same_stream]], start_pt[gs[1:][same_stream]], 0, _STREAM)
+    # waits between streams (inferred): on a rank that calls cudaStreamWaitEvent, GPU work that
+    # started later than its launch and its stream allow starts after the work of another stream of
+    # its device that ended last before it, when that ended in between
+    if len(g) and any(x and _WAIT_EVENT.match(x) for x in set(names[h].tolist())):
+        allowed = np.full(n, _NONE)
+        allowed[gl] = ts[launch[gl]]
+        nxt = gs[1:][same_stream]
+        allowed[nxt] = np.maximum(allowed[nxt], end[gs[:-1][same_stream]])
+        best, best_end = np.full(n, -1, dtype=np.int64), np.full(n, _NONE)
+        key = device * (1 << 32) + stream
+        for k in np.unique(key[g]):
+            on = g[key[g] == k]
+            on = on[np.argsort(end[on], kind="stable")]
+            other = g[(key[g] != k) & (device[g] == device[on[0]])]
+            j = np.searchsorted(end[on], ts[other], side="right") - 1
+            ok = j >= 0
+            cand, cand_end = on[np.maximum(j, 0)], end[on[np.maximum(j, 0)]]
+            better = ok & (cand_end > best_end[other])
+            best[other[better]], best_end[other[better]] = cand[better], cand_end[better]
+        waits = g[(best[g] >= 0) & (best_end[g] > allowed[g])]
+        add(end_pt[best[waits]], start_pt[waits], 0, _EVENT)
     # thread order; calls' durations: a sync's end is its waits', a blocked call's its median + its wait
     tid = np.unique(np.asarray(ev["tid"], dtype=object).astype(str), return_inverse=True)[1].astype(np.int64)
     hs = h[np.lexsort((end[h], ts[h], tid[h]))]
@@ -278,8 +304,9 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
     order = _topological(points, ptr, src)
     th = h[training[h]]
     anchors = np.r_[start_pt[g], end_pt[g], start_pt[th], end_pt[th], step_end_pt, step_start_pt].astype(np.int64)
+    kept = {EDGE_KINDS[k]: int(c) for k, c in zip(*np.unique(kind, return_counts=True))}
     return DeviceGraph(rank, steps, op_step, names, np.asarray(ev["op_name"], dtype=object), host, blocked, measured,
-                       ext, measured - bound, ptr, src, w, gpu_edge, order, anchors, dropped)
+                       ext, measured - bound, ptr, src, w, gpu_edge, order, anchors, dropped, kept)
 
 
 def _median_by_name(names: np.ndarray, dur: np.ndarray, calls: np.ndarray) -> np.ndarray:

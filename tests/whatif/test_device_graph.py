@@ -5,7 +5,8 @@ correlation, an aten::item copy + cudaStreamSynchronize) scale:gemm=0.5 buys ~0 
 kernels slower than the GPU runs them and half the GEMM time when the GPU is the bottleneck, where
 the segment model says half the GEMM time for both; a host sync after faster kernels returns
 earlier and the launches after it move with it; with no sync, launches into a full launch queue
-make the host wait for the GPU, and the step gains half the GEMM time again."""
+make the host wait for the GPU, and the step gains half the GEMM time again; a synthetic run with
+compute twice as slow is predicted back to the healthy run within 1 %."""
 
 import gzip
 import json
@@ -267,3 +268,33 @@ def test_scale_parts_of_one_scenario_replay_the_graph_together(planted):
         if name == "gpu_bound":  # both classes on the critical path: more than GEMMs alone
             alone = g.step_ns(g.replay(g.weights(g.matching([GEMM]), 0.5)))
             assert (g.step_ns(t) < alone).all()
+
+
+def test_compute_twice_as_slow_predicted_back_to_the_healthy_run(tmp_path):
+    """bprof.synth (tp2 x dp2, compute on stream 7, collectives on their own streams waiting for it
+    and it for their results, the host blocking only in aten::item): the run with every compute
+    kernel 2x slower (slow_host draws the same random numbers, only those kernels differ), every
+    compute class scaled by 0.5 in one scenario, predicts the healthy run's steps."""
+    from bprof.kernels.classify import classify_many
+    from bprof.synth import Fault, Scenario, write_run
+
+    steps = {}
+    for name, faults in (("healthy", []), ("slow", [Fault("slow_host", host=0, factor=2.0)])):
+        write_run(Scenario(tp=2, pp=1, dp=2, steps=3, hosts=1, seed=5, faults=faults), tmp_path / name)
+        con = open_store(tmp_path / f"{name}.duckdb")
+        [r] = ingest_paths(con, [tmp_path / name], IngestOptions(name=name, work_dir=tmp_path))
+        analysis.analyze_run(con, r.run_id, Options())
+        if name == "slow":
+            pairs = con.execute("SELECT DISTINCT name, 'kernel' FROM events WHERE run_id = ? AND kind = 'kernel' "
+                                "AND stream = 7", [r.run_id]).fetchall()
+            text = "+".join(f"scale:{c}=0.5" for c in sorted({f for _, _, f, _, _ in classify_many(pairs)} - {"unknown"}))
+            out = whatif(con, r.run_id, [text], write=False)
+            steps["slow"], steps["predicted"] = out.results[1].job_steps()
+            assert device_graph.rank_graph(con, r.run_id, 0).kept.get("event", 0) > 0  # waits between streams
+        else:
+            steps["healthy"], _ = whatif(con, r.run_id, [], write=False).results[0].job_steps()
+        con.close()
+    print(steps)
+    for slow, healthy, predicted in zip(steps["slow"], steps["healthy"], steps["predicted"]):
+        assert slow > 1.5 * healthy
+        assert predicted == pytest.approx(healthy, rel=0.01)
