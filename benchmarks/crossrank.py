@@ -73,17 +73,19 @@ def child_analyze(path: Path, run_id: int, memory_limit: str) -> dict:
     from bprof.store.limits import set_memory_limit
     con = open_store(path)
     set_memory_limit(con, memory_limit)
-    seconds = {}
+    seconds, cpu_seconds = {}, {}
     con.execute("BEGIN TRANSACTION")
     for name in ANALYZERS:
         module = importlib.import_module(f"bprof.analyzers.{name}")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_seconds()
         replace_rows(con, module.TABLES, run_id)
         result = module.analyze(con, run_id, Options())
         write_findings(con, run_id, module.NAME, result.findings)
-        seconds[name] = time.perf_counter() - t0
-        print(f"    {name} {seconds[name]:.1f} s, peak RSS so far "
-              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB", file=sys.stderr, flush=True)
+        seconds[name], cpu_seconds[name] = time.perf_counter() - t0, _cpu_seconds() - cpu0
+        # CPU seconds (user + system, every thread) move less than wall seconds when the cores are shared
+        print(f"    {name} {seconds[name]:.1f} s ({cpu_seconds[name]:.1f} CPU s), peak RSS so far "
+              f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB, load average "
+              f"{open('/proc/loadavg').read().split()[0]}", file=sys.stderr, flush=True)
     con.execute("COMMIT")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     top = con.execute("""SELECT lost_ns, evidence->>'$.ranks' FROM findings
@@ -92,8 +94,14 @@ def child_analyze(path: Path, run_id: int, memory_limit: str) -> dict:
     instances = con.execute("SELECT status, count(*) FROM match_instances WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall()
     bubbles = con.execute("SELECT bubble_frac_measured, bubble_frac_theory FROM bubbles_runs WHERE run_id = ?", [run_id]).fetchone()
     con.close()
-    return {"seconds": seconds, "peak_rss_bytes": rss, "top_straggler": top and {"lost_ns": top[0], "ranks": json.loads(top[1])},
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_bytes": rss, "top_straggler": top and {"lost_ns": top[0], "ranks": json.loads(top[1])},
             "offsets": offsets, "instances": dict(instances), "bubbles": bubbles}
+
+
+def _cpu_seconds() -> float:
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def run_child(*args: str) -> dict:
@@ -132,6 +140,7 @@ def main() -> None:
             errors = [abs(an["offsets"][h] - o) for h, o in gen["offsets"].items() if h in an["offsets"]]
             print(f"  analysis {total:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in an["seconds"].items())
                   + f"), peak RSS {an['peak_rss_bytes'] / 2**30:.2f} GiB")
+            print("  CPU seconds " + ", ".join(f"{k} {v:.1f}" for k, v in an["cpu_seconds"].items()))
             print(f"  instances {an['instances']}; bubbles measured/theory {an['bubbles']}")
             print(f"  top straggler {top and top['ranks']} lost {top and top['lost_ns'] / 1e6:.2f} ms "
                   f"(truth: rank {SLOW_RANK % ranks}, {gen['lost_ns'] / 1e6:.2f} ms); clock offsets: {len(errors)} hosts, "
