@@ -110,10 +110,12 @@ class DeviceGraph:
     def num_gpu_ops(self) -> int:
         return int((~self.is_host).sum())
 
-    def matching(self, names) -> np.ndarray:
-        """Per op: GPU work whose own name, or whose launching CPU op's name, is in `names`."""
+    def matching(self, names, by_op: bool = True) -> np.ndarray:
+        """Per op: GPU work whose own name, or (by_op) whose launching CPU op's name, is in `names`."""
         names = list(names)
-        hit = np.isin(self.names, names) | np.isin(self.op_names, names)
+        hit = np.isin(self.names, names)
+        if by_op:
+            hit |= np.isin(self.op_names, names)
         return hit & ~self.is_host
 
     def weights(self, scaled: np.ndarray | None = None, factor: float = 1.0, base_ns: np.ndarray | None = None) -> np.ndarray:
@@ -342,17 +344,24 @@ def prepare(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
 
 
 _graphs: dict = {}
+CACHE_POINTS = 5_000_000  # time points of graphs kept for reuse (a 16-rank-step graph holds ~80,000)
 
 
 def cached_graph(con: duckdb.DuckDBPyConnection, run_id: int, rank: int) -> DeviceGraph | None:
-    """rank_graph(), kept for the run last asked (several scale parts of one whatif share them)."""
+    """rank_graph(), kept for the run last asked while the kept graphs hold under CACHE_POINTS
+    time points (several scale parts of one whatif replay the same graphs)."""
     key = (id(con), run_id)
     if _graphs.get("key") != key:
         _graphs.clear()
-        _graphs["key"] = key
-    if rank not in _graphs:
-        _graphs[rank] = rank_graph(con, run_id, rank)
-    return _graphs[rank]
+        _graphs.update(key=key, points=0)
+    if rank in _graphs:
+        return _graphs[rank]
+    g = rank_graph(con, run_id, rank)
+    size = 0 if g is None else len(g.measured_ns)
+    if _graphs["points"] + size <= CACHE_POINTS:
+        _graphs[rank] = g
+        _graphs["points"] += size
+    return g
 
 
 _COLUMNS = "step, is_host, name, op_name, tid, device, stream, ts_ns, dur_ns, correlation, training"

@@ -1,11 +1,12 @@
 -- What did each rank's host ask of its GPU in a step, and what did the GPU run? The launch-level
 -- nodes of bprof.whatif.device_graph: every CUDA/HIP runtime or driver call (its thread), every
 -- kernel, memcpy and memset (its device and stream), tied by correlation id.
--- Reads events, timeline_threads; writes the temp table _dg_events (read one step at a time).
+-- Reads events, timeline_threads; writes the temp table _dg_events (read one rank at a time: it is
+-- written in rank order, so a rank's rows sit together).
 --
 -- Definitions.
 -- * step: events.step (GPU rows: the step of their launch), so a step's GPU work that runs on
---   after the next step started is still its own.
+--   after the next step started is still its own; rows outside steps are left out.
 -- * training: the call is on a thread that drives training (timeline_threads: main or backward);
 --   other threads (an NCCL watchdog polling cudaEventQuery) are nodes but never end a step.
 -- * op_name: the CPU op whose External id the row carries (the innermost op that launched it), so
@@ -26,4 +27,5 @@ FROM events e
 LEFT JOIN ops o ON o.rank = e.rank AND o.external_id = e.external_id
 LEFT JOIN threads t ON t.rank = e.rank AND t.tid = e.tid
 WHERE e.run_id = $run_id AND e.step IS NOT NULL AND e.ts_ns IS NOT NULL
-  AND e.kind IN ('cuda_runtime', 'cuda_driver', 'kernel', 'gpu_memcpy', 'gpu_memset');
+  AND e.kind IN ('cuda_runtime', 'cuda_driver', 'kernel', 'gpu_memcpy', 'gpu_memset')
+ORDER BY e.rank, e.ts_ns;

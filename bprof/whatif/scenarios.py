@@ -234,10 +234,12 @@ class Scale(Part):
                 self.replayed[rank] = None
             else:
                 w = dg.weight_ns
+                # a class names kernels (its catalogue names); a kernel or op name also the kernels an op launched
                 for q in self.before:
-                    w = dg.weights(dg.matching(q.names), q.factor, w)
+                    w = dg.weights(dg.matching(q.names, not q.is_class), q.factor, w)
                 before = dg.shifts(dg.replay(w)) if self.before else None
-                self.replayed[rank] = (dg.shifts(dg.replay(dg.weights(dg.matching(self.names), self.factor, w))), before)
+                mine = dg.matching(self.names, not self.is_class)
+                self.replayed[rank] = (dg.shifts(dg.replay(dg.weights(mine, self.factor, w))), before)
         return self.replayed[rank]
 
     def assumption(self):
