@@ -228,7 +228,8 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
             cand, cand_end = on[np.maximum(j, 0)], end[on[np.maximum(j, 0)]]
             better = ok & (cand_end > best_end[other])
             best[other[better]], best_end[other[better]] = cand[better], cand_end[better]
-        waits = g[(best[g] >= 0) & (best_end[g] > allowed[g])]
+        # (work with neither a launch nor a stream predecessor in the window has nothing to compare)
+        waits = g[(best[g] >= 0) & (allowed[g] > _NONE) & (best_end[g] > allowed[g])]
         add(end_pt[best[waits]], start_pt[waits], 0, _EVENT)
     # thread order; calls' durations: a sync's end is its waits', a blocked call's its median + its wait
     tid = np.unique(np.asarray(ev["tid"], dtype=object).astype(str), return_inverse=True)[1].astype(np.int64)
