@@ -34,7 +34,9 @@ out and counted in `dropped`. Edges the traces cannot show (cudaStreamWaitEvent 
 its event and streams are not recorded) are inferred: on a rank that calls cudaStreamWaitEvent,
 GPU work that started later than its launch and stream order allow starts after the work of
 another stream of its device that ended last before it, when that ended in between (an NCCL
-kernel waiting for the compute stream, compute waiting for a collective's result).
+kernel waiting for the compute stream, compute waiting for a collective's result); work with
+neither its launch nor a stream predecessor in the window (launched before the capture) stays at
+its measured time.
 
 The graph spans all captured steps of the rank, because the GPU can run a step behind the host:
 the launches of step s wait for step s-1's kernels. Time points before the window (the work of
