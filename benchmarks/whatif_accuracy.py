@@ -182,7 +182,9 @@ def interleaved(out: Path, rounds: int, cases: set[str]) -> dict:
                                    "predicted_ns": predicted, "error_frac": errors})
         print(f"({case}) {scenario} from {source} vs {target} of the same round: "
               + ", ".join(f"{p / 1e6:.1f} ms ({e:+.1%})" for p, e in zip(predicted, errors))
-              + f"; median {statistics.median(errors):+.1%}, range {min(errors):+.1%} to {max(errors):+.1%}", flush=True)
+              + f"; median {statistics.median(errors):+.1%}, range {min(errors):+.1%} to {max(errors):+.1%}, mean "
+              f"{statistics.mean(errors):+.1%} +- {statistics.stdev(errors) / len(errors) ** 0.5:.1%} (standard error)",
+              flush=True)
     return res
 
 
