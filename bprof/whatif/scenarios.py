@@ -250,8 +250,8 @@ class Scale(Part):
         if self.device_ranks:
             text += (f"; ranks {_ranks(self.device_ranks)} (with kernels): each work segment moves as the rank's "
                      "launch-level graph of its captured steps replays it (CUDA calls per thread, launches, stream "
-                     "order, device-wide host syncs, calls blocked until GPU work ended, measured slack kept; "
-                     "cross-stream event waits not modelled; bprof/whatif/device_graph.py)")
+                     "order, device-wide host syncs, calls blocked until GPU work ended, waits between streams inferred "
+                     "where the rank calls cudaStreamWaitEvent, measured slack kept; bprof/whatif/device_graph.py)")
         if self.segment_ranks or not self.device_ranks:
             who = f"ranks {_ranks(self.segment_ranks)}" if self.segment_ranks else "ranks"
             text += (f"; {who} without kernels: X's time in each work segment (its kernels, or its ops on the main "
