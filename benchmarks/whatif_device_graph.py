@@ -37,10 +37,9 @@ from bprof.analyzers import run as analysis  # noqa: E402
 from bprof.analyzers.base import Options  # noqa: E402
 from bprof.store.db import open_store  # noqa: E402
 from bprof.store.ingest import IngestOptions, ingest_paths  # noqa: E402
-from bprof.whatif import device_graph, graph  # noqa: E402
-from bprof.whatif.engine import replay  # noqa: E402
+from bprof.whatif import device_graph  # noqa: E402
 from bprof.whatif.run import whatif  # noqa: E402
-from bprof.whatif.scenarios import Scale, State, parse  # noqa: E402
+from bprof.whatif.scenarios import Scale, parse, segment_model_steps  # noqa: E402
 
 TRACES = ["a100_ddp_nccl_rank0", "a100_ws16_rank0", "v100_ns_resolution_rank0", "mi250_rocm_minitoy",
           "v100_resnet50_legacy_2021"]
@@ -59,17 +58,6 @@ def analysed(folder: str, work: Path):
     return con, r.run_id
 
 
-def segment_model(con, run_id: int, part: Scale) -> list[int]:
-    """Per step, the job's step predicted by the segment model."""
-    part.model = "segment"
-    part.prepare(con, run_id)
-    out = []
-    for m in graph.steps(con, run_id):
-        s = State.measured(m)
-        part.apply(con, run_id, m, s)
-        r = replay(m.g, s.work, s.tail, s.exit_after)
-        out.append(int((r.end_ns + s.end_delta - m.g.span_start_ns).max()))
-    return out
 
 
 def class_time_ns(con, run_id: int, names: list[str], total: bool = False) -> int:
@@ -135,17 +123,7 @@ def synthetic_truth(work: Path, factor: float = 2.0) -> dict:
     text = "+".join(f"scale:{c}={1 / factor:g}" for c in classes)
     out = whatif(con, run_id, [text], write=False)
     slow, device = out.results[1].job_steps()
-    parts = parse(text)
-    segment = []
-    for p in parts:
-        p.model = "segment"
-        p.prepare(con, run_id)
-    for m in graph.steps(con, run_id):
-        s = State.measured(m)
-        for p in parts:
-            p.apply(con, run_id, m, s)
-        r = replay(m.g, s.work, s.tail, s.exit_after)
-        segment.append(int((r.end_ns + s.end_delta - m.g.span_start_ns).max()))
+    segment = segment_model_steps(con, run_id, parse(text))
     healthy, _ = whatif(*stores["healthy"], [], write=False).results[0].job_steps()
     for c, _ in stores.values():
         c.close()
@@ -173,7 +151,7 @@ def main() -> None:
             for text, res, summary in zip(scenarios, out.results[1:], out.summaries[1:]):
                 [part] = parse(text)
                 measured, predicted = res.job_steps()
-                segment = segment_model(con, run_id, part)
+                segment = segment_model_steps(con, run_id, [part])
                 meas = statistics.median(measured)
                 rows.append({
                     "trace": folder, "scenario": text, "num_steps": len(measured), "measured_step_ns": int(meas),

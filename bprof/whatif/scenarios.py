@@ -259,6 +259,26 @@ class Scale(Part):
         return text + "; ranks without events unchanged"
 
 
+def segment_model_steps(con: duckdb.DuckDBPyConnection, run_id: int, parts: list[Scale]) -> list[int]:
+    """Each step's job time predicted with scale `parts` on the segment model everywhere (X's time in
+    each work segment x F, as scale:X=F did before the device graph): what the device graph's tests
+    and benchmark compare it with."""
+    from bprof.whatif import graph
+    from bprof.whatif.engine import replay
+
+    for part in parts:
+        part.model = "segment"
+        part.prepare(con, run_id)
+    out = []
+    for m in graph.steps(con, run_id):
+        s = State.measured(m)
+        for part in parts:
+            part.apply(con, run_id, m, s)
+        r = replay(m.g, s.work, s.tail, s.exit_after)
+        out.append(int((r.end_ns + s.end_delta - m.g.span_start_ns).max()))
+    return out
+
+
 def _ranks(ranks: set) -> str:
     r = sorted(ranks)
     return str(r) if len(r) <= 8 else f"{r[:4]}...{r[-2:]} ({len(r)})"

@@ -18,10 +18,9 @@ from bprof.analyzers import run as analysis
 from bprof.analyzers.base import Options
 from bprof.store.db import open_store
 from bprof.store.ingest import IngestOptions, ingest_paths
-from bprof.whatif import device_graph, graph
-from bprof.whatif.engine import replay
+from bprof.whatif import device_graph
 from bprof.whatif.run import whatif
-from bprof.whatif.scenarios import Scale, State
+from bprof.whatif.scenarios import Scale, segment_model_steps
 from tests.analyzers import recorded
 
 GPU_FOLDERS = ["a100_ddp_nccl_rank0", "a100_ws16_rank0", "v100_ns_resolution_rank0", "mi250_rocm_minitoy",
@@ -154,18 +153,6 @@ def _store(tmp_path, name, trace):
     return con, r.run_id
 
 
-def _segment_model(con, run_id, scenario: Scale) -> list[int]:
-    """Each step's predicted time by the segment model (X's time in each work segment x F, as
-    scale:X=F did before the device graph)."""
-    scenario.model = "segment"
-    scenario.prepare(con, run_id)
-    out = []
-    for m in graph.steps(con, run_id):
-        s = State.measured(m)
-        scenario.apply(con, run_id, m, s)
-        r = replay(m.g, s.work, s.tail, s.exit_after)
-        out.append(int((r.end_ns + s.end_delta - m.g.span_start_ns).max()))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +176,7 @@ def test_launch_bound_gains_nothing_gpu_bound_gains_half_the_gemm_time(planted):
     for name, (con, run_id, truth) in planted.items():
         out = whatif(con, run_id, ["scale:gemm=0.5"], write=False)
         measured, predicted = out.results[1].job_steps()
-        segment = _segment_model(con, run_id, Scale("gemm", 0.5))
+        segment = segment_model_steps(con, run_id, [Scale("gemm", 0.5)])
         gemm_ns = truth["gemm_us_per_step"] * 1000
         device_gain = [m - p for m, p in zip(measured, predicted)]
         segment_gain = [m - p for m, p in zip(measured, segment)]
