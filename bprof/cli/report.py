@@ -9,7 +9,7 @@ import typer
 
 from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
 from bprof.errors import UsageError
-from bprof.store.db import open_store
+from bprof.store.db import NeedsMigration, open_store
 from bprof.store.runs import resolve_run
 
 
@@ -32,7 +32,7 @@ def report(
         raise UsageError("say how to show the report: --serve, or --html FILE")
     if not 0 < port < 65536:
         raise UsageError(f"--port must be between 1 and 65535, got {port}")
-    con = open_store(db, read_only=True)
+    con = _open_read_only(db)
     try:
         run_id = resolve_run(con, run) if (run is not None or html_file is not None) else None
         if html_file is not None:
@@ -54,3 +54,13 @@ def report(
 
     typer.echo(f"bprof report: http://{host}:{port}/  (store {db}, read-only; Ctrl-C stops)")
     create_app(db, run_id).run(host=host, port=port, debug=False)
+
+
+def _open_read_only(db: Path):
+    """The store, read-only; a store an older bprof wrote is first migrated once, as any writing
+    command would (the report and its callbacks only read)."""
+    try:
+        return open_store(db, read_only=True)
+    except NeedsMigration:
+        open_store(db).close()
+    return open_store(db, read_only=True)

@@ -379,6 +379,10 @@ COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: 
 }
 
 
+class NeedsMigration(DataError):
+    """A read-only open of a store an older bprof wrote: a writing open migrates it."""
+
+
 def schema_sql() -> str:
     return resources.files("bprof.store").joinpath("schema.sql").read_text()
 
@@ -411,7 +415,7 @@ def open_store(path: Path | str = DEFAULT_DB, *, read_only: bool = False) -> duc
             )
         elif version < SCHEMA_VERSION:
             if read_only:
-                raise DataError(f"{path}: schema {version} needs migrating to {SCHEMA_VERSION}; open it once without read-only")
+                raise NeedsMigration(f"{path}: schema {version} needs migrating to {SCHEMA_VERSION}; open it once without read-only")
             _migrate(con, version)
     except BaseException:
         con.close()

@@ -18,7 +18,7 @@ from bprof.dashboards.figures.timeline import MAX_EVENTS_PER_RANK, fig_timeline
 from bprof.dashboards.pages import PAGES, overview, page_for
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.sections import Chart, Numbers, Table, View
-from bprof.store.db import open_store
+from bprof.store.db import SCHEMA_VERSION, open_store
 from tests.dashboards.conftest import FLEET_RANKS, ROOT
 
 
@@ -132,6 +132,27 @@ def test_cli_html_leaves_the_store_as_it_was(report_store, tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["bytes"] == (tmp_path / "r.html").stat().st_size
     assert hashlib.sha256(report_store["db"].read_bytes()).hexdigest() == before
+
+
+def test_a_store_an_older_bprof_wrote_is_migrated_once_then_reported(tmp_path):
+    """A schema-6 store (what the 6 -> 7 migration adds, taken away) is migrated as any writing
+    command would, instead of refusing the read-only open, and the report reads it."""
+    db = tmp_path / "s.duckdb"
+    subprocess.run([sys.executable, "-m", "bprof.synth", str(tmp_path / "t"), "--dp", "2"], check=True,
+                   capture_output=True, cwd=ROOT)
+    assert _bprof("ingest", str(tmp_path / "t"), "--db", str(db)).returncode == 0
+    con = duckdb.connect(str(db))
+    con.execute("DROP TABLE exec_nodes; ALTER TABLE replays DROP COLUMN together; "
+                "UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+    con.close()
+    done = _bprof("report", "--db", str(db), "--html", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r.html").stat().st_size > 0
+    con = open_store(db, read_only=True)
+    try:
+        assert con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    finally:
+        con.close()
 
 
 def test_report_does_not_import_torch():
