@@ -66,7 +66,7 @@ def check_markdown(result: CheckResult) -> str:
         lines.append(f"Each run counts once: the median of its steps ({steps.candidate_num_steps} in the candidate, "
                      f"{excluded}).")
     if result.skipped_not_comparable:
-        lines.append(f"Left out of the baseline as not comparable: {'; '.join(map(_esc, result.skipped_not_comparable[-3:]))}.")
+        lines.append(f"Left out of the baseline as not comparable: {'; '.join(map(escape_md, result.skipped_not_comparable[-3:]))}.")
     if result.unknown_facts:
         lines.append(f"Not checked for comparability (unknown on one side): {', '.join(result.unknown_facts)}.")
     e = result.explanation

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from bprof.ci.check import CheckOptions, NotEnoughData, check
+from bprof.ci.report import check_markdown
 from bprof.ci.summary import MetricSummary, comparability
 from tests.ci.samples import load, series, with_facts
 
@@ -178,3 +179,12 @@ def test_fewer_executed_flops_is_an_improvement_not_a_pass():
     result = check(halved, series(GATE_BASES), WORK)
     assert {v.metric: v.verdict for v in result.verdicts}["executed_flops"] == "improvement"
     assert result.explanation.work[0].name == "rank 0" and result.explanation.work[0].change_frac == pytest.approx(-0.5)
+
+
+def test_the_markdown_names_the_baseline_runs_left_out_as_not_comparable():
+    # base1 ran another torch: left out of the baseline, and the report says which and why
+    bases = [with_facts(BASES[0], torch_version="2.12.0")] + [with_facts(b, torch_version="2.13.0") for b in BASES[1:]]
+    result = check(with_facts(LOADED["base8"], torch_version="2.13.0"), series(bases))
+    assert result.skipped_not_comparable == ["base1: torch_version 2.13.0 (candidate) vs 2.12.0 (baseline)"]
+    assert ("Left out of the baseline as not comparable: base1: torch_version 2.13.0 (candidate) vs 2.12.0 "
+            "(baseline).") in check_markdown(result)
