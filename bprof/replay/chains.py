@@ -81,10 +81,6 @@ class ChainItem:
     def key(self) -> str:
         return json.dumps(["op_chain", _signature(self.nodes)])
 
-    @property
-    def name(self) -> str:
-        return self.names[0]
-
 
 def chain_items(con: duckdb.DuckDBPyConnection, run_id: int, top: int, traced_on: str) -> list[ChainItem]:
     """The `top` chain signatures with the most traced time per step; [] without execution traces."""
