@@ -51,10 +51,9 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     evidence = _MemberEvidence()
     for step in _steps(con, run_id, steps, priced, evidence):
         job_steps.append(step.step_ns)
-        for r in candidates:
-            gains.setdefault(("rank", r), []).append(step.gain({r}))
-        for host, ranks in hosts.items():
-            gains.setdefault(("host", host), []).append(step.gain(ranks))
+        keys = [("rank", r) for r in candidates] + [("host", h) for h in hosts]
+        for key, gain in zip(keys, step.gains([{r} for r in candidates] + list(hosts.values()))):
+            gains.setdefault(key, []).append(gain)
         for host, (ratio, slowed) in links.items():
             gains.setdefault(("link", host), []).append(step.link_gain(slowed, ratio))
         del step  # before the next step is built: two steps' arrays at once would double the peak

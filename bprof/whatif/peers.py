@@ -11,6 +11,7 @@ same occurrence of the same collective kind. PeerStep prices sets of ranks again
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -97,6 +98,32 @@ class PeerStep:
         finally:
             self.work_in_order[at] = kept
         return self.step_ns - replayed
+
+    def gains(self, rank_sets: list[set[int]], threads: int = 2) -> list[int]:
+        """gain() of each set of ranks; the replays (compiled, without the GIL) run on `threads`
+        threads, each on its own copy of the step's work (one copy per thread, not per set)."""
+        changes = [self._like_peers(r) if np.isin(self.g.span_rank, list(r)).any() else None for r in rank_sets]
+        todo = [i for i, c in enumerate(changes) if c is not None]
+        out = [0] * len(rank_sets)
+
+        def replay_some(indices: list[int]) -> None:
+            work_in_order = self.work_in_order.copy() if len(indices) < len(todo) else self.work_in_order
+            for i in indices:
+                at, work, new_tail = changes[i]
+                kept = work_in_order[at]
+                work_in_order[at] = work
+                try:
+                    out[i] = self.step_ns - replay_in_order(self.g, work_in_order, self.exit_in_order, new_tail).step_ns
+                finally:
+                    work_in_order[at] = kept
+
+        parts = [todo[k::threads] for k in range(threads) if todo[k::threads]]
+        if len(parts) > 1:
+            with ThreadPoolExecutor(len(parts)) as pool:
+                list(pool.map(replay_some, parts))
+        elif parts:
+            replay_some(parts[0])
+        return out
 
     def like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray]:
         """(work in replay order, tail per span rank) with `ranks` working like the median of the

@@ -96,3 +96,41 @@ def test_chain_order_is_rank_then_last_arrival_then_own_arrival_then_instance():
         rank, dense = rng.integers(0, 50, n), rng.permutation(n)
         last, arrival = rng.integers(0, 30, n), rng.integers(0, 1000, n)  # many ties on (rank, last)
         assert _chain_order(rank, last, arrival, dense).tolist() == np.lexsort((dense, arrival, last, rank)).tolist()
+
+
+def test_build_orders_each_chain_by_last_arrival_then_own_arrival_then_instance_even_with_ties():
+    """build's radix sort by (rank, replay position) plus its tie pass gives the rows of the 4-key
+    lexsort, and groups them by instance in replay order."""
+    rng = np.random.default_rng(2)
+    for n_inst in [1, 7, 200, 3000]:
+        ranks = rng.integers(2, 9)
+        rows = [(k, r) for k in range(n_inst) for r in rng.choice(ranks, rng.integers(1, ranks + 1), replace=False)]
+        dense = np.array([k for k, _ in rows])
+        rank = np.array([r for _, r in rows], dtype=np.int32)
+        arrival = rng.integers(0, max(n_inst // 3, 1), len(rows))  # many instances share a last arrival
+        g = StepGraph.build(dense, rank, arrival, arrival + 5, np.arange(ranks), np.zeros(ranks), np.full(ranks, 10**6),
+                            instance_ids=np.arange(n_inst))
+        last = np.zeros(n_inst, dtype=np.int64)
+        np.maximum.at(last, dense, arrival)
+        assert g.source_row.tolist() == np.lexsort((dense, arrival, last[dense], rank)).tolist()
+        replayed = g.instance[g.rows_by_instance]
+        assert np.array_equal(replayed, np.repeat(np.lexsort((np.arange(n_inst), last)), np.diff(g.instance_ptr)))
+        assert all(np.all(np.diff(g.rows_by_instance[a:b]) > 0) for a, b in zip(g.instance_ptr[:-1], g.instance_ptr[1:]))
+
+
+def test_gains_on_two_threads_are_each_sets_gain_and_leave_the_step_as_it_was():
+    from bprof.whatif.peers import PeerStep
+
+    rng = np.random.default_rng(3)
+    ranks, n_inst = 8, 400
+    # every instance joins all 8 ranks, so every rank has the same role signature
+    dense = np.repeat(np.arange(n_inst), ranks)
+    rank = np.tile(np.arange(ranks, dtype=np.int32), n_inst)
+    arrival = dense * 1000 + rng.integers(0, 300, len(dense)) + (rank == 5) * 200  # rank 5 arrives late
+    g = StepGraph.build(dense, rank, arrival, dense * 1000 + 600, np.arange(ranks), np.zeros(ranks),
+                        np.full(ranks, n_inst * 1000 + 100), instance_ids=np.arange(n_inst))
+    step = PeerStep(g, np.zeros(len(dense), dtype=np.int64), np.zeros(ranks, dtype=np.int64), set(range(ranks)))
+    before = step.work_in_order.copy()
+    sets = [{5}, {0}, {1, 5}, {2}, {3, 4}]
+    assert step.gains(sets) == [step.gain(s) for s in sets]
+    assert step.gains(sets)[0] > 0 and np.array_equal(step.work_in_order, before)
