@@ -81,7 +81,8 @@ class StepGraph:
         # row indices fit 32 bits below 2^31 rows (20 million per step at 10,240 ranks): half the memory
         idx = np.int32 if len(rank) < 1 << 31 and len(ids) < 1 << 31 else np.int64
         if len(rank) and rank.min() >= 0 and rank.max() < 1 << 24:
-            order = _chain_order_by_position(rank, position, dense, int(rank.max()) + 1, np.empty(len(rank), dtype=idx))
+            order = _chain_order_by_position(rank, position, dense, int(rank.max()) + 1, np.empty(len(rank), dtype=idx),
+                                             np.empty(len(rank), dtype=idx))
             g_dense, g_rank = dense[order], rank[order]
             moved = _break_ties(order, g_rank, last[g_dense], arrival_ns, dense)
             g_dense[moved] = dense[order[moved]]  # tied rows share their rank
@@ -89,7 +90,7 @@ class StepGraph:
             order = _chain_order(rank, last[dense], arrival_ns, dense)
             g_dense, g_rank = dense[order], rank[order]
         dense, g_arr, g_end = g_dense, arrival_ns[order], end_ns[order]
-        by_inst, ptr = _counting_sort(position[dense], len(ids))
+        by_inst, ptr = _rows_by_position(position, dense, np.empty(len(dense), dtype=idx))
         # rows are sorted by rank: look up each run of a rank once
         starts = np.flatnonzero(np.r_[True, g_rank[1:] != g_rank[:-1]]) if len(g_rank) else np.zeros(0, dtype=np.int64)
         run_rank = g_rank[starts]
@@ -101,7 +102,7 @@ class StepGraph:
         by_inst = by_inst.astype(idx, copy=False)
         return cls(dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), g_arr, g_end, span_rank,
                    span_start, span_end, row_span, instance_order, by_inst, ptr, row_span[by_inst], position, ids,
-                   order.astype(idx), last)
+                   order.astype(idx, copy=False), last)
 
     def members(self, k: int) -> np.ndarray:
         """The member rows of dense instance k."""
@@ -118,18 +119,45 @@ class Replay:
 
 def work_segments(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
     """(work before each member row, tail work per span rank): what each rank does on its own."""
-    n = len(g.rank)
-    first = np.ones(n, dtype=bool)
-    first[1:] = g.rank[1:] != g.rank[:-1]
-    prev_end = np.empty(n, dtype=np.int64)
-    prev_end[1:] = g.end_ns[:-1]
-    prev_end[first] = g.span_start_ns[g.row_span[first]]
-    work = g.arrival_ns - prev_end
-    last = np.ones(n, dtype=bool)  # rows are in chain order per rank: its last row ends its chain
-    last[:-1] = g.rank[:-1] != g.rank[1:]
-    last_end = g.span_start_ns.copy()
-    last_end[g.row_span[last]] = g.end_ns[last]
+    work, last_end = _work_segments(g.rank, g.row_span, g.arrival_ns, g.end_ns, g.span_start_ns)
     return work, g.span_end_ns - last_end
+
+
+@numba.njit(cache=True, nogil=True)
+def _work_segments(rank, row_span, arrival, end, span_start):  # pragma: no cover - compiled
+    """Rows in chain order per rank: each row's work since its rank's previous exit (its span start
+    for the first), and each span rank's last exit (its span start when it joined nothing). One
+    pass; as numpy it was eight over 20 million rows."""
+    work = np.empty(len(rank), dtype=np.int64)
+    last_end = span_start.copy()
+    for i in range(len(rank)):
+        if i == 0 or rank[i] != rank[i - 1]:
+            work[i] = arrival[i] - span_start[row_span[i]]
+        else:
+            work[i] = arrival[i] - end[i - 1]
+        last_end[row_span[i]] = end[i]
+    return work, last_end
+
+
+def in_replay_order(g: StepGraph, work: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(work, exit_offsets(g)) gathered into replay order (x[g.rows_by_instance]), and each row's
+    position in that order: what a caller replaying many variants of a step keeps."""
+    position = np.empty(len(g.rank), dtype=g.rows_by_instance.dtype)
+    work_in_order, exit_in_order = _in_replay_order(g.rows_by_instance, work, g.end_ns, g.last_arrival_ns,
+                                                    g.instance, position)
+    return work_in_order, exit_in_order, position
+
+
+@numba.njit(cache=True, nogil=True)
+def _in_replay_order(rows, work, end, last_arrival, instance, position):  # pragma: no cover - compiled
+    work_in_order = np.empty(len(rows), dtype=np.int64)
+    exit_in_order = np.empty(len(rows), dtype=np.int64)
+    for j in range(len(rows)):
+        r = rows[j]
+        work_in_order[j] = work[r]
+        exit_in_order[j] = end[r] - last_arrival[instance[r]]
+        position[r] = j
+    return work_in_order, exit_in_order
 
 
 def exit_offsets(g: StepGraph) -> np.ndarray:
@@ -231,33 +259,41 @@ def _tie_runs(rank, key):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _chain_order_by_position(rank, position, dense, num_ranks, by_pos):  # pragma: no cover - compiled
+def _chain_order_by_position(rank, position, dense, num_ranks, by_pos, order):  # pragma: no cover - compiled
     """Rows in chain order: by rank, then by their instance's replay position (last arrival, then
     instance). A radix sort of (rank, position): two stable counting sorts, each linear. A sort of
     each rank's rows by last arrival took 2.7 s per 10,240-rank step when the store returned the
-    rows instance by instance. by_pos: an empty array of len(rank) integers (int32 below 2^31 rows),
-    the first pass's scratch."""
-    n, num_pos = len(rank), len(position)
-    start = np.zeros(num_pos + 1, dtype=np.int64)
-    for i in range(n):
-        start[position[dense[i]] + 1] += 1
-    for k in range(num_pos):
-        start[k + 1] += start[k]
-    for i in range(n):
-        p = position[dense[i]]
-        by_pos[start[p]] = i
-        start[p] += 1
+    rows instance by instance. by_pos and order: empty arrays of len(rank) integers (int32 below
+    2^31 rows), the first pass's scratch and the result."""
+    n = len(rank)
+    _rows_by_position(position, dense, by_pos)
     start = np.zeros(num_ranks + 1, dtype=np.int64)
     for i in range(n):
         start[rank[i] + 1] += 1
     for r in range(num_ranks):
         start[r + 1] += start[r]
-    order = np.empty(n, dtype=np.int64)
     for j in range(n):
         i = by_pos[j]
         order[start[rank[i]]] = i
         start[rank[i]] += 1
     return order
+
+
+@numba.njit(cache=True, nogil=True)
+def _rows_by_position(position, dense, rows):  # pragma: no cover - compiled
+    """_counting_sort(position[dense], len(position)) into `rows` (len(dense) integers): the rows
+    grouped by their instance's replay position, each group in row order; and each group's start."""
+    ptr = np.zeros(len(position) + 1, dtype=np.int64)
+    for i in range(len(dense)):
+        ptr[position[dense[i]] + 1] += 1
+    for k in range(len(position)):
+        ptr[k + 1] += ptr[k]
+    fill = ptr[:-1].copy()
+    for i in range(len(dense)):
+        p = position[dense[i]]
+        rows[fill[p]] = i
+        fill[p] += 1
+    return rows, ptr
 
 
 @numba.njit(cache=True, nogil=True)

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from bprof.whatif.engine import StepGraph, _counting_sort, exit_offsets, replay_in_order, work_segments
+from bprof.whatif.engine import StepGraph, _counting_sort, in_replay_order, replay_in_order, work_segments
 
 
 class PeerStep:
@@ -34,12 +34,9 @@ class PeerStep:
     def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
         self.g = g
         work, self.tail = work_segments(g)
-        self.work_in_order = work[g.rows_by_instance]
-        self.exit_in_order = exit_offsets(g)[g.rows_by_instance]
-        # positions fit 32 bits below 2^31 rows (20 million per step at 10,240 ranks): half the memory
-        idx = np.int32 if len(g.rank) < 1 << 31 else np.int64
-        self.order_position = np.empty(len(g.rank), dtype=idx)  # each row's place in replay order
-        self.order_position[g.rows_by_instance] = np.arange(len(g.rank), dtype=idx)
+        # each row's place in replay order: int32 below 2^31 rows (20 million per step at 10,240 ranks)
+        self.work_in_order, self.exit_in_order, self.order_position = in_replay_order(g, work)
+        idx = self.order_position.dtype
         self.step_ns = replay_in_order(g, self.work_in_order, self.exit_in_order, self.tail).step_ns
         n = len(g.rank)
         # signature: per rank, its pipeline stage and the count of each role
