@@ -143,20 +143,23 @@ def in_replay_order(g: StepGraph, work: np.ndarray) -> tuple[np.ndarray, np.ndar
     """(work, exit_offsets(g)) gathered into replay order (x[g.rows_by_instance]), and each row's
     position in that order: what a caller replaying many variants of a step keeps."""
     position = np.empty(len(g.rank), dtype=g.rows_by_instance.dtype)
-    work_in_order, exit_in_order = _in_replay_order(g.rows_by_instance, work, g.end_ns, g.last_arrival_ns,
-                                                    g.instance, position)
+    work_in_order, exit_in_order = _in_replay_order(g.rows_by_instance, g.instance_ptr, g.instance_order, work,
+                                                    g.end_ns, g.last_arrival_ns, position)
     return work_in_order, exit_in_order, position
 
 
 @numba.njit(cache=True, nogil=True)
-def _in_replay_order(rows, work, end, last_arrival, instance, position):  # pragma: no cover - compiled
+def _in_replay_order(rows, ptr, instance_order, work, end, last_arrival, position):  # pragma: no cover - compiled
+    """The instance of a row in replay order is its block's (instance_order), read once per block."""
     work_in_order = np.empty(len(rows), dtype=np.int64)
     exit_in_order = np.empty(len(rows), dtype=np.int64)
-    for j in range(len(rows)):
-        r = rows[j]
-        work_in_order[j] = work[r]
-        exit_in_order[j] = end[r] - last_arrival[instance[r]]
-        position[r] = j
+    for k in range(len(ptr) - 1):
+        last = last_arrival[instance_order[k]]
+        for j in range(ptr[k], ptr[k + 1]):
+            r = rows[j]
+            work_in_order[j] = work[r]
+            exit_in_order[j] = end[r] - last
+            position[r] = j
     return work_in_order, exit_in_order
 
 

@@ -188,11 +188,23 @@ def signatures(g: StepGraph, role: np.ndarray, stage: np.ndarray) -> tuple[np.nd
     """Per span rank, its role signature id (pipeline stage and the count of each role); and the
     number of roles."""
     roles = int(role.max()) + 1 if len(role) else 1
-    counts = np.bincount(g.row_span * roles + role, minlength=len(g.span_rank) * roles).reshape(len(g.span_rank), roles)
-    ids: dict[tuple, int] = {}
-    sig = np.array([ids.setdefault((st, *c), len(ids)) for st, c in zip(stage.tolist(), map(tuple, counts.tolist()))],
-                   dtype=np.int64)
-    return sig, roles
+    counts = _role_counts(g.row_span, role, len(g.span_rank), roles)
+    if not len(counts):
+        return np.zeros(0, dtype=np.int64), roles
+    # ids numbered in order of first appearance (as a dict of the distinct rows would)
+    _, first, inverse = np.unique(np.column_stack([stage, counts]), axis=0, return_index=True, return_inverse=True)
+    renumber = np.empty(len(first), dtype=np.int64)
+    renumber[np.argsort(first)] = np.arange(len(first))
+    return renumber[inverse.reshape(-1)], roles
+
+
+@numba.njit(cache=True, nogil=True)
+def _role_counts(span, role, num_spans, roles):  # pragma: no cover - compiled
+    """How many rows of each role each span rank has (num_spans x roles)."""
+    counts = np.zeros((num_spans, roles), dtype=np.int64)
+    for i in range(len(span)):
+        counts[span[i], role[i]] += 1
+    return counts
 
 
 @numba.njit(cache=True, nogil=True)
