@@ -321,11 +321,19 @@ def _link_candidates(con, run_id: int) -> dict[str, tuple[float, np.ndarray]]:
 
 
 def _median_without(sorted_values: np.ndarray, excluded: np.ndarray) -> float:
-    """The median of sorted_values without the (sorted, distinct) positions `excluded`."""
-    keep = np.ones(len(sorted_values), dtype=bool)
-    keep[excluded] = False
-    rest = sorted_values[keep]
-    return float((rest[(len(rest) - 1) // 2] + rest[len(rest) // 2]) / 2)
+    """The median of sorted_values without the (sorted, distinct, not all) positions `excluded`:
+    the middle kept positions found by searchsorted, never a copy of the rest (a host's call, 2,560
+    of them at 10,240 ranks, copied 1.3 s worth)."""
+    kept = len(sorted_values) - len(excluded)
+
+    def nth_kept(k: int) -> int:
+        # the smallest p with p = k + (excluded positions <= p): the k-th kept position
+        p = k
+        while (q := k + int(np.searchsorted(excluded, p, side="right"))) != p:
+            p = q
+        return p
+
+    return float((sorted_values[nth_kept((kept - 1) // 2)] + sorted_values[nth_kept(kept // 2)]) / 2)
 
 
 def _link_findings(con, run_id: int, links: dict[str, tuple[float, int]], threshold: float, median_step: float,

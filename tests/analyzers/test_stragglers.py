@@ -3,6 +3,7 @@ and a cost close to the synthetic re-simulation without the fault; nobody flagge
 
 import json
 
+import numpy as np
 import pytest
 
 from bprof.analyzers import run as analysis
@@ -80,3 +81,13 @@ def test_host_clock_offsets_are_recovered_despite_the_plant(planted):
 ])
 def test_a_cost_must_recur_in_most_steps(gains, lost):
     assert stragglers._summarise(gains) == lost
+
+
+def test_the_median_without_some_positions_is_the_median_of_the_rest():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        n = int(rng.integers(1, 60))
+        values = np.sort(rng.integers(0, 20, n))  # many ties
+        excluded = np.sort(rng.choice(n, int(rng.integers(0, n)), replace=False))
+        rest = np.delete(values, excluded)
+        assert stragglers._median_without(values, excluded) == float(np.median(rest))
