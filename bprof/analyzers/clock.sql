@@ -104,12 +104,13 @@ WITH groups AS (
     FROM match_members m JOIN inst i USING (instance_id) JOIN _clock_domains d ON d.rank = m.rank
     WHERE m.run_id = $run_id AND m.end_ts_ns IS NOT NULL
     GROUP BY ALL
-), anchored AS (
-    SELECT *, first(host ORDER BY first_rank) OVER (PARTITION BY instance_id) AS anchor,
-        first(end_ns ORDER BY first_rank) OVER (PARTITION BY instance_id) AS anchor_end_ns
-    FROM per_host
+), anchors AS (
+    -- an aggregate and a join: the ordered first() over a window partition cost seconds
+    SELECT instance_id, arg_min(host, first_rank) AS anchor, arg_min(end_ns, first_rank) AS anchor_end_ns
+    FROM per_host GROUP BY instance_id
 ), obs AS (
-    SELECT kind, anchor, host, end_ns - anchor_end_ns AS d_ns FROM anchored WHERE host <> anchor
+    SELECT p.kind, a.anchor, p.host, p.end_ns - a.anchor_end_ns AS d_ns
+    FROM per_host p JOIN anchors a USING (instance_id) WHERE p.host <> a.anchor
 ), med AS (
     SELECT kind, anchor, host, CAST(round(median(d_ns)) AS BIGINT) AS d_ns, count(*) AS num_obs FROM obs GROUP BY ALL
 )
