@@ -154,44 +154,60 @@ LEFT JOIN _match_pairs p ON b.is_p2p AND p.gid = b.gid
 -- Algorithm: one GROUP BY instance_id. An instance is complete when it has as many calls as
 -- expected members, the hashes of their ranks xor to the expected members' (so no rank is missing
 -- or doubled, up to a 64-bit hash collision), and one signature (op, compared size, dtype) covers
--- them all. Only the others are examined call by call.
+-- them all. Only the others are examined call by call. The group, the pair and is_p2p come from
+-- the instance key, not from aggregates over its 43 million calls at 10,240 ranks; the expected
+-- ranks stay in _match_groups (a list per instance would copy the group's ranks millions of times).
 CREATE OR REPLACE TEMP TABLE _match_inst AS
 WITH agg AS (
-    SELECT instance_id, any_value(gid) AS gid, any_value(is_p2p) AS is_p2p,
-        any_value(src_rank) AS src_rank, any_value(dst_rank) AS dst_rank, any_value(seq) AS seq,
+    SELECT instance_id, any_value(seq) AS seq,
         count(*) AS num_members, min(step) AS step, max(step) AS max_step, count(step) < count(*) AS any_null_step,
         any_value(op) AS op, min(sig) <> max(sig) AS differ, bit_xor(hash(rank)) AS ranks_xor,
         any_value(dtype) AS dtype, max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes,
         avg(in_bytes) AS mean_in_bytes, bool_and(on_device) AS on_device
     FROM (SELECT *, hash(CASE WHEN is_p2p THEN 'p2p' ELSE op END, cmp_elems, dtype) AS sig FROM _match_calls($run_id))
     GROUP BY instance_id
+), keyed AS (
+    -- the inverse of _match_calls' instance_id
+    SELECT a.*, coalesce(p.gid, a.instance_id >> 36) AS gid, a.instance_id >= (1::BIGINT << 62) AS is_p2p,
+        p.src_rank, p.dst_rank
+    FROM agg a
+    LEFT JOIN _match_pairs p ON a.instance_id >= (1::BIGINT << 62)
+         AND p.pair_id = (a.instance_id >> 36) & ((1::BIGINT << 26) - 1)
 ), expected AS (
-    SELECT a.*,
-        CASE WHEN a.is_p2p THEN CASE WHEN a.src_rank IS NOT NULL AND a.dst_rank IS NOT NULL
-                                     THEN list_distinct([a.src_rank, a.dst_rank]) END
-             ELSE g.expected END AS expected_ranks,
-        CASE WHEN a.is_p2p THEN xor(hash(a.src_rank), hash(a.dst_rank)) ELSE g.expected_xor END AS expected_xor
-    FROM agg a JOIN _match_groups g USING (gid)
+    SELECT k.*,
+        CASE WHEN k.is_p2p THEN CASE WHEN k.src_rank IS NOT NULL AND k.dst_rank IS NOT NULL
+                                     THEN CASE WHEN k.src_rank = k.dst_rank THEN 1 ELSE 2 END END
+             ELSE len(g.expected) END AS num_expected,
+        CASE WHEN k.is_p2p THEN xor(hash(k.src_rank), hash(k.dst_rank)) ELSE g.expected_xor END AS expected_xor
+    FROM keyed k JOIN _match_groups g USING (gid)
 )
-SELECT * EXCLUDE (expected_ranks, expected_xor), expected_ranks AS expected,
-    coalesce(NOT differ AND num_members = len(expected_ranks) AND ranks_xor = expected_xor, false) AS complete
+SELECT * EXCLUDE (expected_xor),
+    coalesce(NOT differ AND num_members = num_expected AND ranks_xor = expected_xor, false) AS complete
 FROM expected;
 
--- The instances that are not complete, call by call: who is there, and what they disagree on.
+-- The instances that are not complete, call by call: who is there, what they disagree on, and
+-- who was expected.
 CREATE OR REPLACE TEMP TABLE _match_odd AS
-SELECT instance_id, list(rank ORDER BY rank) AS present, count(DISTINCT rank) AS num_ranks,
-    list(DISTINCT op ORDER BY op) AS ops,
-    list(DISTINCT cmp_elems ORDER BY cmp_elems) FILTER (WHERE cmp_elems IS NOT NULL) AS sizes,
-    count(DISTINCT CASE lower(regexp_replace(dtype, '^c10::', ''))
-        WHEN 'float32' THEN 'float' WHEN 'f32' THEN 'float' WHEN 'float16' THEN 'half' WHEN 'f16' THEN 'half'
-        WHEN 'bf16' THEN 'bfloat16' WHEN 'float64' THEN 'double' WHEN 'f64' THEN 'double'
-        WHEN 'int64' THEN 'long' WHEN 'i64' THEN 'long' WHEN 'int32' THEN 'int' WHEN 'i32' THEN 'int'
-        WHEN 'uint8' THEN 'byte' WHEN 'u8' THEN 'byte' WHEN 'int8' THEN 'char' WHEN 'i8' THEN 'char'
-        ELSE lower(regexp_replace(dtype, '^c10::', '')) END) AS num_dtypes,
-    list(DISTINCT dtype ORDER BY dtype) FILTER (WHERE dtype IS NOT NULL) AS dtypes
-FROM _match_calls($run_id)
-WHERE instance_id IN (SELECT instance_id FROM _match_inst WHERE NOT complete)
-GROUP BY instance_id;
+WITH calls AS (
+    SELECT instance_id, list(rank ORDER BY rank) AS present, count(DISTINCT rank) AS num_ranks,
+        list(DISTINCT op ORDER BY op) AS ops,
+        list(DISTINCT cmp_elems ORDER BY cmp_elems) FILTER (WHERE cmp_elems IS NOT NULL) AS sizes,
+        count(DISTINCT CASE lower(regexp_replace(dtype, '^c10::', ''))
+            WHEN 'float32' THEN 'float' WHEN 'f32' THEN 'float' WHEN 'float16' THEN 'half' WHEN 'f16' THEN 'half'
+            WHEN 'bf16' THEN 'bfloat16' WHEN 'float64' THEN 'double' WHEN 'f64' THEN 'double'
+            WHEN 'int64' THEN 'long' WHEN 'i64' THEN 'long' WHEN 'int32' THEN 'int' WHEN 'i32' THEN 'int'
+            WHEN 'uint8' THEN 'byte' WHEN 'u8' THEN 'byte' WHEN 'int8' THEN 'char' WHEN 'i8' THEN 'char'
+            ELSE lower(regexp_replace(dtype, '^c10::', '')) END) AS num_dtypes,
+        list(DISTINCT dtype ORDER BY dtype) FILTER (WHERE dtype IS NOT NULL) AS dtypes
+    FROM _match_calls($run_id)
+    WHERE instance_id IN (SELECT instance_id FROM _match_inst WHERE NOT complete)
+    GROUP BY instance_id
+)
+SELECT c.*,
+    CASE WHEN i.is_p2p THEN CASE WHEN i.src_rank IS NOT NULL AND i.dst_rank IS NOT NULL
+                                 THEN list_distinct([i.src_rank, i.dst_rank]) END
+         ELSE g.expected END AS expected
+FROM calls c JOIN _match_inst i USING (instance_id) JOIN _match_groups g USING (gid);
 
 -- Algorithm: a missing member is excused (the instance is cut, not mismatched) when its rank has
 -- no trace, or its traced steps do not cover the instance's steps (ranks whose windows cover
@@ -204,7 +220,7 @@ WITH windows AS (
     WHERE r.run_id = $run_id GROUP BY r.rank
 ), m AS (
     SELECT i.instance_id, i.gid, i.src_rank, i.dst_rank, i.seq, i.step, i.max_step, i.any_null_step,
-        unnest(list_filter(i.expected, lambda r: NOT list_contains(o.present, r))) AS rank
+        unnest(list_filter(o.expected, lambda r: NOT list_contains(o.present, r))) AS rank
     FROM _match_inst i JOIN _match_odd o USING (instance_id)
 ), seqs AS (
     -- only ranks without steps need their traced seq range
@@ -234,7 +250,7 @@ WITH missing AS (
 ), judged AS (
     SELECT i.*, o.instance_id IS NOT NULL AS odd, o.present, o.num_ranks, o.ops, o.sizes, o.num_dtypes, o.dtypes,
         coalesce(m.missing_in_window, []) AS missing_in_window, coalesce(m.cut, []) AS cut, m.excused,
-        coalesce(list_filter(o.present, lambda r: NOT list_contains(i.expected, r)), []) AS extra,
+        coalesce(list_filter(o.present, lambda r: NOT list_contains(o.expected, r)), []) AS extra,
         i.is_p2p AND (i.src_rank IS NULL OR i.dst_rank IS NULL) AS peer_unknown
     FROM _match_inst i LEFT JOIN _match_odd o USING (instance_id) LEFT JOIN missing m USING (instance_id)
 ), problems AS (
@@ -256,16 +272,16 @@ WITH missing AS (
 SELECT $run_id, p.instance_id,
     CASE WHEN p.is_p2p THEN 'p2p' WHEN p.odd THEN p.ops[1] ELSE p.op END,
     g.pg_name, g.pg_desc, g.pg_ranks, g.group_size, p.seq, p.src_rank, p.dst_rank, p.step, p.is_p2p,
-    p.num_members, len(p.expected), p.missing_in_window, p.cut,
+    p.num_members, p.num_expected, p.missing_in_window, p.cut,
     CASE WHEN NOT p.odd THEN 'complete' WHEN p.peer_unknown THEN 'unknown' WHEN p.mismatched THEN 'mismatch'
          WHEN len(p.cut) > 0 THEN 'cut' ELSE 'complete' END,
     nullif(p.why, ''), p.dtype,
     CAST(CASE WHEN p.is_p2p THEN p.in_bytes
          ELSE CASE p.op
-             WHEN 'all_gather' THEN coalesce(p.out_bytes, p.in_bytes * len(p.expected))
-             WHEN 'gather' THEN coalesce(p.out_bytes, p.in_bytes * len(p.expected))
-             WHEN 'reduce_scatter' THEN coalesce(p.in_bytes, p.out_bytes * len(p.expected))
-             WHEN 'scatter' THEN coalesce(p.in_bytes, p.out_bytes * len(p.expected))
+             WHEN 'all_gather' THEN coalesce(p.out_bytes, p.in_bytes * p.num_expected)
+             WHEN 'gather' THEN coalesce(p.out_bytes, p.in_bytes * p.num_expected)
+             WHEN 'reduce_scatter' THEN coalesce(p.in_bytes, p.out_bytes * p.num_expected)
+             WHEN 'scatter' THEN coalesce(p.in_bytes, p.out_bytes * p.num_expected)
              WHEN 'all_to_all' THEN round(p.mean_in_bytes)
              WHEN 'barrier' THEN 0
              ELSE coalesce(p.in_bytes, p.out_bytes) END END AS BIGINT),
