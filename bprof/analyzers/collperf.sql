@@ -129,7 +129,12 @@ COMMENT ON COLUMN collperf_groups.busbw_peak_frac IS 'median_busbw_bytes_per_s /
 -- instances with a member on an unaligned clock are dropped whole. Epoch-sized nanosecond counts never go through a double:
 -- sums are HUGEINT and the common end is an integer division. The last arrival and its rank come
 -- from one max over arrival x 2^32 + (2^31 - 1 - rank): the latest arrival, the lowest rank on a tie.
-CREATE OR REPLACE TEMP TABLE _collperf_inst AS
+-- The common end divides in BIGINT: sum = count x earliest end + excess, and only the excess (the
+-- ends' spread, not their epoch) is divided, rounding toward zero as the HUGEINT division would;
+-- HUGEINT division cost seconds at 10,240 ranks. It stays the fallback for an excess beyond BIGINT.
+-- One statement from members to collperf_instances: a temp table of 5.7 million instances between
+-- them cost as much to write as the insert.
+INSERT INTO collperf_instances
 WITH hosts AS (
     SELECT rank, host FROM ranks WHERE run_id = $run_id
 ), groups AS (
@@ -177,34 +182,38 @@ WITH hosts AS (
         2147483647 - CAST(last_key - CAST(last_ns AS HUGEINT) * 4294967296 AS BIGINT) AS last_rank,
         CAST(n * CAST(last_ns AS HUGEINT) - sum_arrival AS BIGINT) AS wait_ns,
         -- common end: the median for up to 4 members; beyond, the mean without the earliest and latest end
-        CAST(CASE WHEN n_ends = 0 THEN NULL WHEN n_ends <= 2 THEN sum_end // n_ends
-                  ELSE (sum_end - min_end - max_end) // (n_ends - 2) END AS BIGINT) AS end_ns
-    FROM agg
+        CASE WHEN n_ends = 0 THEN NULL
+             WHEN excess_ns IS NULL THEN CAST(end_sum // end_count AS BIGINT)
+             ELSE min_end + excess_ns // end_count
+                  + CASE WHEN min_end + excess_ns // end_count < 0 AND excess_ns % end_count > 0 THEN 1 ELSE 0 END
+        END AS end_ns
+    FROM (SELECT *, TRY_CAST(end_sum - end_count * CAST(min_end AS HUGEINT) AS BIGINT) AS excess_ns
+          FROM (SELECT *, CASE WHEN n_ends <= 2 THEN sum_end ELSE sum_end - min_end - max_end END AS end_sum,
+                    CASE WHEN n_ends <= 2 THEN n_ends ELSE n_ends - 2 END AS end_count FROM agg))
+), inst AS (
+    SELECT i.instance_id, i.op, i.pg_name, i.seq, i.is_p2p, i.step, i.num_members, i.bytes, i.timing,
+        a.first_ns, a.last_ns, a.last_rank, x.imbalance, a.wait_ns,
+        CASE WHEN i.is_p2p THEN CASE WHEN s.host IS NOT NULL AND d.host IS NOT NULL THEN s.host <> d.host END
+             ELSE g.spans_hosts END AS spans_hosts,
+        CASE WHEN i.is_p2p THEN least(ls.intra_bytes_per_s, ld.intra_bytes_per_s) ELSE gl.intra END AS intra_bytes_per_s,
+        CASE WHEN i.is_p2p THEN ls.inter_bytes_per_s ELSE gl.inter END AS inter_bytes_per_s,
+        CASE WHEN a.n_ends = a.n THEN a.end_ns END AS end_ns,
+        CASE WHEN a.n_ends = a.n THEN a.end_ns - a.last_ns END AS transfer_ns,
+        CASE WHEN i.is_p2p OR i.op IN ('broadcast', 'reduce') THEN 1.0
+             WHEN i.op = 'all_reduce' THEN 2.0 * (i.num_members - 1) / i.num_members
+             WHEN i.op IN ('all_gather', 'reduce_scatter', 'all_to_all', 'gather', 'scatter')
+                 THEN (i.num_members - 1) / i.num_members END AS factor
+    FROM derived a
+    JOIN match_instances i ON i.run_id = $run_id AND i.instance_id = a.instance_id
+    LEFT JOIN a2a x ON x.instance_id = a.instance_id
+    LEFT JOIN group_hosts g ON g.pg_name = i.pg_name AND NOT i.is_p2p
+    LEFT JOIN group_links gl ON gl.pg_name = i.pg_name AND NOT i.is_p2p
+    LEFT JOIN hosts s ON s.rank = i.src_rank
+    LEFT JOIN hosts d ON d.rank = i.dst_rank
+    LEFT JOIN _collperf_links ls ON ls.rank = i.src_rank
+    LEFT JOIN _collperf_links ld ON ld.rank = i.dst_rank
+    WHERE i.status = 'complete' AND i.num_members >= 2 AND a.n_aligned = a.n
 )
-SELECT i.instance_id, i.op, i.pg_name, i.seq, i.is_p2p, i.step, i.num_members, i.bytes, i.timing,
-    a.first_ns, a.last_ns, a.last_rank, x.imbalance, a.wait_ns,
-    CASE WHEN i.is_p2p THEN CASE WHEN s.host IS NOT NULL AND d.host IS NOT NULL THEN s.host <> d.host END
-         ELSE g.spans_hosts END AS spans_hosts,
-    CASE WHEN i.is_p2p THEN least(ls.intra_bytes_per_s, ld.intra_bytes_per_s) ELSE gl.intra END AS intra_bytes_per_s,
-    CASE WHEN i.is_p2p THEN ls.inter_bytes_per_s ELSE gl.inter END AS inter_bytes_per_s,
-    CASE WHEN a.n_ends = a.n THEN a.end_ns END AS end_ns,
-    CASE WHEN a.n_ends = a.n THEN a.end_ns - a.last_ns END AS transfer_ns,
-    CASE WHEN i.is_p2p OR i.op IN ('broadcast', 'reduce') THEN 1.0
-         WHEN i.op = 'all_reduce' THEN 2.0 * (i.num_members - 1) / i.num_members
-         WHEN i.op IN ('all_gather', 'reduce_scatter', 'all_to_all', 'gather', 'scatter')
-             THEN (i.num_members - 1) / i.num_members END AS factor
-FROM derived a
-JOIN match_instances i ON i.run_id = $run_id AND i.instance_id = a.instance_id
-LEFT JOIN a2a x ON x.instance_id = a.instance_id
-LEFT JOIN group_hosts g ON g.pg_name = i.pg_name AND NOT i.is_p2p
-LEFT JOIN group_links gl ON gl.pg_name = i.pg_name AND NOT i.is_p2p
-LEFT JOIN hosts s ON s.rank = i.src_rank
-LEFT JOIN hosts d ON d.rank = i.dst_rank
-LEFT JOIN _collperf_links ls ON ls.rank = i.src_rank
-LEFT JOIN _collperf_links ld ON ld.rank = i.dst_rank
-WHERE i.status = 'complete' AND i.num_members >= 2 AND a.n_aligned = a.n;
-
-INSERT INTO collperf_instances
 SELECT $run_id, instance_id, op, pg_name, seq, is_p2p, step, num_members, bytes, timing,
     first_ns, last_ns, last_ns - first_ns, last_rank, end_ns, transfer_ns,
     CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) END,
@@ -213,14 +222,14 @@ SELECT $run_id, instance_id, op, pg_name, seq, is_p2p, step, num_members, bytes,
     spans_hosts, link_peak, CASE WHEN transfer_ns > 0 AND bytes > 0 THEN bytes / (transfer_ns / 1e9) * factor / link_peak END,
     CASE WHEN op = 'all_to_all' THEN imbalance END, wait_ns
 FROM (SELECT *, CASE spans_hosts WHEN true THEN inter_bytes_per_s WHEN false THEN intra_bytes_per_s END AS link_peak
-      FROM _collperf_inst);
+      FROM inst);
 
 -- The wait on the member's own clock: from its own arrival for as long as it waited (the
 -- offset cancels: last_arrival_aligned - offset = own arrival + wait).
 INSERT INTO collperf_waits
-SELECT $run_id, m.instance_id, m.rank, m.step, m.arrival_ts_ns, m.arrival_ts_ns + (i.last_ns - m.arrival_aligned_ns)
-FROM match_members m JOIN _collperf_inst i USING (instance_id)
-WHERE m.run_id = $run_id AND i.last_ns > m.arrival_aligned_ns;
+SELECT $run_id, m.instance_id, m.rank, m.step, m.arrival_ts_ns, m.arrival_ts_ns + (i.last_arrival_aligned_ns - m.arrival_aligned_ns)
+FROM match_members m JOIN collperf_instances i ON i.run_id = $run_id AND i.instance_id = m.instance_id
+WHERE m.run_id = $run_id AND i.last_arrival_aligned_ns > m.arrival_aligned_ns;
 
 INSERT INTO collperf_groups
 WITH g AS (
