@@ -38,6 +38,17 @@ def test_skew_waits_transfer_and_bandwidth_of_one_all_reduce_are_exact(tmp_path,
         == [(0, 1, 100, 400), (1, 1, 150, 400)]
 
 
+def test_common_end_of_five_members_rounds_toward_zero_before_the_epoch_too(tmp_path, monkeypatch):
+    con, run_id = _one_host(tmp_path, n=5)
+    ends = [-1000, -998, -997, -997, -990]
+    add_calls(con, run_id, [{"rank": r, "op": "all_reduce", "pg_ranks": list(range(5)), "seq": 1, "step": 1,
+                             "arrival": -2000 - r, "end": e} for r, e in enumerate(ends)])
+    crossrank(con, run_id, monkeypatch, CROSSRANK)
+    [i] = rows(con, "SELECT end_aligned_ns, transfer_ns FROM collperf_instances")
+    # the mean without the earliest and the latest end, -2992 / 3 = -997.3, as an integer division: -997
+    assert (i["end_aligned_ns"], i["transfer_ns"]) == (-997, 1003)
+
+
 def test_busbw_factors_follow_nccl_tests_and_ties_name_the_lowest_rank(tmp_path, monkeypatch):
     con, run_id = _one_host(tmp_path, n=4)
     ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "barrier"]
