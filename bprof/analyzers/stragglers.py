@@ -17,6 +17,7 @@ stragglers_ranks.
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numba
@@ -122,31 +123,44 @@ class _MemberEvidence:
 
 def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced: set[int], evidence: _MemberEvidence):
     """Each step's replay graph of its complete instances with each member row's role (op/group
-    size), ready to price sets of ranks; one step at a time (members read per step, never all at once)."""
+    size), ready to price sets of ranks; one step at a time (members read per step, never all at once).
+    The next step's rows are read while this one is built and priced (DuckDB works without the GIL):
+    the caller must not use the connection while it iterates."""
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
                              [run_id]).fetchall()) if table_exists(con, "bubbles_stages") else {}
-    for step in steps:
-        inst = {k: np.asarray(v) for k, v in con.execute(
-            "SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio FROM _st_instances WHERE step = ? ORDER BY dense_id",
-            [step]).fetchnumpy().items()}
-        m = {k: np.asarray(v) for k, v in con.execute("""
-            SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
-                -- what the member does: its op and group size; a send and a recv are different roles
-                CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
-            FROM match_members m JOIN _st_instances i USING (instance_id)
-            WHERE m.run_id = ? AND i.step = ? AND m.arrival_aligned_ns IS NOT NULL""", [run_id, step]).fetchnumpy().items()}
-        spans = {k: np.asarray(v) for k, v in con.execute("""
-            SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
-                s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
-            FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
-            WHERE s.run_id = ? AND s.step = ?""", [run_id, step]).fetchnumpy().items()}
-        g = StepGraph.build(m["dense_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
-                            spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=inst["instance_id"])
-        role = m["role_id"][g.source_row].astype(np.int64)
-        evidence.add(g, inst["ratio"][g.instance])
-        del m
-        stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
-        yield PeerStep(g, role, stages, priced)
+    with ThreadPoolExecutor(1) as reader:
+        pending = reader.submit(_read_step, con, run_id, steps[0]) if steps else None
+        for i in range(len(steps)):
+            inst, m, spans = pending.result()
+            pending = reader.submit(_read_step, con, run_id, steps[i + 1]) if i + 1 < len(steps) else None
+            g = StepGraph.build(m["dense_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
+                                spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=inst["instance_id"])
+            role = m["role_id"][g.source_row].astype(np.int64)
+            evidence.add(g, inst["ratio"][g.instance])
+            del m
+            stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
+            yield PeerStep(g, role, stages, priced)
+
+
+def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[dict, dict, dict]:
+    """A step's complete instances (in dense order), their member rows, and the ranks' spans."""
+    def read(sql: str, params: list) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v) for k, v in con.execute(sql, params).fetchnumpy().items()}
+
+    inst = read("SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio FROM _st_instances WHERE step = ? "
+                "ORDER BY dense_id", [step])
+    members = read("""
+        SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
+            -- what the member does: its op and group size; a send and a recv are different roles
+            CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
+        FROM match_members m JOIN _st_instances i USING (instance_id)
+        WHERE m.run_id = $1 AND i.step = $2 AND m.arrival_aligned_ns IS NOT NULL""", [run_id, step])
+    spans = read("""
+        SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
+            s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns
+        FROM timeline_spans s JOIN ranks r ON r.run_id = s.run_id AND r.rank = s.rank
+        WHERE s.run_id = $1 AND s.step = $2""", [run_id, step])
+    return inst, members, spans
 
 
 CONSISTENT_FRAC = 0.75  # of the steps must gain at least half the median gain

@@ -83,13 +83,13 @@ class StepGraph:
         if len(rank) and rank.min() >= 0 and rank.max() < 1 << 24:
             order = _chain_order_by_position(rank, position, dense, int(rank.max()) + 1, np.empty(len(rank), dtype=idx),
                                              np.empty(len(rank), dtype=idx))
-            g_dense, g_rank = dense[order], rank[order]
-            moved = _break_ties(order, g_rank, last[g_dense], arrival_ns, dense)
+            g_dense, g_rank = _take(dense, order), _take(rank, order)
+            moved = _break_ties(order, g_rank, _take(last, g_dense), arrival_ns, dense)
             g_dense[moved] = dense[order[moved]]  # tied rows share their rank
         else:
             order = _chain_order(rank, last[dense], arrival_ns, dense)
             g_dense, g_rank = dense[order], rank[order]
-        dense, g_arr, g_end = g_dense, arrival_ns[order], end_ns[order]
+        dense, g_arr, g_end = g_dense, _take(arrival_ns, order), _take(end_ns, order)
         by_inst, ptr = _rows_by_position(position, dense, np.empty(len(dense), dtype=idx))
         # rows are sorted by rank: look up each run of a rank once
         starts = np.flatnonzero(np.r_[True, g_rank[1:] != g_rank[:-1]]) if len(g_rank) else np.zeros(0, dtype=np.int64)
@@ -101,7 +101,7 @@ class StepGraph:
         row_span = np.repeat(run_span.astype(idx), np.diff(np.r_[starts, len(g_rank)]))
         by_inst = by_inst.astype(idx, copy=False)
         return cls(dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), g_arr, g_end, span_rank,
-                   span_start, span_end, row_span, instance_order, by_inst, ptr, row_span[by_inst], position, ids,
+                   span_start, span_end, row_span, instance_order, by_inst, ptr, _take(row_span, by_inst), position, ids,
                    order.astype(idx, copy=False), last)
 
     def members(self, k: int) -> np.ndarray:
@@ -148,12 +148,23 @@ def in_replay_order(g: StepGraph, work: np.ndarray) -> tuple[np.ndarray, np.ndar
     return work_in_order, exit_in_order, position
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _take(values, index):  # pragma: no cover - compiled
+    """values[index] on every core: the gathers of a step's 20 million rows wait on memory, not
+    on arithmetic, and the cores are otherwise idle while the step is built."""
+    out = np.empty(len(index), dtype=values.dtype)
+    for i in numba.prange(len(index)):
+        out[i] = values[index[i]]
+    return out
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _in_replay_order(rows, ptr, instance_order, work, end, last_arrival, position):  # pragma: no cover - compiled
-    """The instance of a row in replay order is its block's (instance_order), read once per block."""
+    """The instance of a row in replay order is its block's (instance_order), read once per block;
+    blocks on every core (each row is in one block)."""
     work_in_order = np.empty(len(rows), dtype=np.int64)
     exit_in_order = np.empty(len(rows), dtype=np.int64)
-    for k in range(len(ptr) - 1):
+    for k in numba.prange(len(ptr) - 1):
         last = last_arrival[instance_order[k]]
         for j in range(ptr[k], ptr[k + 1]):
             r = rows[j]
