@@ -88,11 +88,17 @@ COMMENT ON COLUMN match_members.end_aligned_ns IS 'end_ts_ns + the rank''s clock
 -- The groups of the run: identity, expected members, and the pair of a two-rank group.
 CREATE OR REPLACE TEMP TABLE _match_groups AS
 WITH g AS (
-    SELECT pg_name, CASE WHEN pg_name IS NULL THEN pg_ranks END AS unnamed_ranks,
+    -- named and unnamed groups apart: a list in the grouping key of every call cost seconds
+    SELECT pg_name, NULL::INTEGER[] AS unnamed_ranks,
         any_value(pg_desc) AS pg_desc, any_value(pg_ranks) AS pg_ranks, max(group_size) AS group_size
     FROM collectives
-    WHERE run_id = $run_id AND (pg_name IS NOT NULL OR pg_ranks IS NOT NULL)
-    GROUP BY ALL
+    WHERE run_id = $run_id AND pg_name IS NOT NULL
+    GROUP BY pg_name
+    UNION ALL
+    SELECT NULL, pg_ranks, any_value(pg_desc), pg_ranks, max(group_size)
+    FROM collectives
+    WHERE run_id = $run_id AND pg_name IS NULL AND pg_ranks IS NOT NULL
+    GROUP BY pg_ranks
 ), seen AS (
     -- ranks calling on a group whose ranks were not traced: its expected members
     SELECT pg_name, list(DISTINCT rank ORDER BY rank) AS ranks FROM collectives

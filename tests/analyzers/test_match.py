@@ -179,6 +179,21 @@ def test_groups_over_the_same_ranks_keep_their_own_sequence_numbers(tmp_path, mo
         == [("1", "all_reduce", "complete"), ("2", "all_gather", "complete")]
 
 
+def test_calls_without_a_group_name_match_by_their_group_ranks_apart_from_named_groups(tmp_path, monkeypatch):
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=3, steps=[(r, 1, 0, 1000) for r in range(3)])
+    add_calls(con, run_id, [
+        {"rank": r, "op": op, "pg_name": name, "pg_ranks": ranks, "step": 1, "arrival": 10 * i}
+        for i, (name, ranks, op) in enumerate([(None, [0, 1], "all_reduce"), (None, [1, 2], "broadcast"),
+                                               ("7", [0, 1], "all_gather"), (None, [0, 1], "all_reduce")])
+        for r in ranks])
+    crossrank(con, run_id, monkeypatch)
+    got = [(r["pg_name"], r["pg_ranks"], r["op"], r["num_members"], r["status"])
+           for r in rows(con, "SELECT * FROM match_instances ORDER BY instance_id")]
+    assert got == [("7", [0, 1], "all_gather", 2, "complete"),
+                   (None, [0, 1], "all_reduce", 2, "complete"), (None, [0, 1], "all_reduce", 2, "complete"),
+                   (None, [1, 2], "broadcast", 2, "complete")]
+
+
 def test_bytes_follow_the_nccl_tests_conventions(tmp_path, monkeypatch):
     con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=2, steps=[(r, 1, 0, 1000) for r in range(2)])
     calls = [
