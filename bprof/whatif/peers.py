@@ -77,7 +77,7 @@ class PeerStep:
         self.position = np.empty(m, dtype=idx)  # sorted position of the row
         self.position[order] = np.arange(m, dtype=idx)
         # rows are sorted by rank: span rank i has rows rank_start[i]:rank_start[i + 1]
-        self.rank_start = np.searchsorted(g.row_span, np.arange(len(g.span_rank) + 1))
+        self.rank_start = np.searchsorted(g.row_span, np.arange(len(g.span_rank) + 1, dtype=g.row_span.dtype))
 
     def gain(self, ranks: set[int]) -> int:
         """How much shorter the step is when `ranks` work like the median of the other ranks of their
