@@ -10,13 +10,15 @@ same occurrence of the same collective kind. PeerStep prices sets of ranks again
 
 from __future__ import annotations
 
+import functools
 import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 
-from bprof.whatif.engine import StepGraph, _counting_sort, in_replay_order, replay_in_order, work_segments
+from bprof.whatif.engine import (StepGraph, _counting_sort, in_replay_order, replay_in_order, replay_positions,
+                                 work_segments)
 
 
 class PeerStep:
@@ -34,18 +36,14 @@ class PeerStep:
     def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
         self.g = g
         work, self.tail = work_segments(g)
-        # each row's place in replay order: int32 below 2^31 rows (20 million per step at 10,240 ranks)
-        self.work_in_order, self.exit_in_order, self.order_position = in_replay_order(g, work)
-        idx = self.order_position.dtype
+        self.work_in_order, self.exit_in_order = in_replay_order(g, work)
+        idx = g.rows_by_instance.dtype  # int32 below 2^31 rows (20 million per step at 10,240 ranks)
         self.step_ns = replay_in_order(g, self.work_in_order, self.exit_in_order, self.tail).step_ns
-        n = len(g.rank)
         # signature: per rank, its pipeline stage and the count of each role
         self.sig, roles = signatures(g, role, stage)
         # Only the rows of ranks that share a signature with a priced rank are ever compared: sort those.
         wanted = np.isin(self.sig, self.sig[np.isin(g.span_rank, list(priced))])
-        self.rows = np.flatnonzero(wanted[g.row_span])  # ascending: by rank, then chain order
-        self.index = np.full(n, -1, dtype=idx)  # row -> index in self.rows
-        self.index[self.rows] = np.arange(len(self.rows), dtype=idx)
+        self.rows = np.flatnonzero(wanted[g.row_span]).astype(idx)  # ascending: by rank, then chain order
         m = len(self.rows)
         sub_role, sub_span, sub_work = role[self.rows], g.row_span[self.rows], work[self.rows]
         del work
@@ -141,8 +139,8 @@ class PeerStep:
         new_tail = self.tail.copy()
         if not len(rows):
             return rows, self.work_in_order[rows], new_tail
-        sub = self.index[rows]
-        if (sub < 0).any():
+        sub = np.minimum(np.searchsorted(self.rows, rows), max(len(self.rows) - 1, 0))  # rows -> index in self.rows
+        if not len(self.rows) or (self.rows[sub] != rows).any():
             raise ValueError(f"ranks {sorted(ranks)} were not among the ranks this step was built to price")
         # Per chosen row, the median of its key's rows without the chosen ranks' rows: walk the
         # sorted key from its first row, skipping the chosen rows' positions (ascending).
@@ -157,7 +155,14 @@ class PeerStep:
             peers = (self.sig == sig) & ~chosen
             if peers.any():
                 new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
-        return self.order_position[rows], work, new_tail
+        return replay_positions(self.g, rows), work, new_tail
+
+    @functools.cached_property
+    def order_position(self) -> np.ndarray:
+        """Each row's place in replay order (work_in_order[order_position] is the work by row)."""
+        position = np.empty(len(self.g.rank), dtype=self.g.rows_by_instance.dtype)
+        position[self.g.rows_by_instance] = np.arange(len(position), dtype=position.dtype)
+        return position
 
     def link_gain(self, slowed_instances: np.ndarray, ratio: float) -> int:
         """How much shorter the step is when the transfers of `slowed_instances` take 1/ratio as long."""
