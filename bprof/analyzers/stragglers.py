@@ -147,14 +147,18 @@ def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[
     def read(sql: str, params: list) -> dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in con.execute(sql, params).fetchnumpy().items()}
 
-    inst = read("SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio FROM _st_instances WHERE step = ? "
-                "ORDER BY dense_id", [step])
+    # the step's instances numbered 0.. by instance id: a window per step sorts in parallel, one
+    # partitioned by step over every step did not (1.4-1.6 s against 0.9 s for two steps)
+    con.execute("""CREATE OR REPLACE TEMP TABLE _st_step AS
+                   SELECT *, CAST(row_number() OVER (ORDER BY instance_id) - 1 AS INTEGER) AS dense_id
+                   FROM _st_instances WHERE step = ?""", [step])
+    inst = read("SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio FROM _st_step ORDER BY dense_id", [])
     members = read("""
         SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
             -- what the member does: its op and group size; a send and a recv are different roles
             CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
-        FROM match_members m JOIN _st_instances i USING (instance_id)
-        WHERE m.run_id = $1 AND i.step = $2 AND m.arrival_aligned_ns IS NOT NULL""", [run_id, step])
+        FROM match_members m JOIN _st_step i USING (instance_id)
+        WHERE m.run_id = ? AND m.arrival_aligned_ns IS NOT NULL""", [run_id])
     spans = read("""
         SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
             s.ts_ns + s.dur_ns + coalesce(r.clock_offset_ns, 0) AS end_ns

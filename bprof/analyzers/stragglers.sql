@@ -31,9 +31,9 @@ COMMENT ON COLUMN stragglers_ranks.cause IS 'For flagged ranks: device (its comp
 
 -- Algorithm (scale: 20 million member rows per step at 10,240 ranks, so no window or join over
 -- all members here): a role is a small integer, numbered per (op, group size) over the instances and
--- split by side for send/recv; each instance gets a dense number within its step (the replay's
--- index) and its transfer ratio; stragglers.py reads one step's members at a time and fills
--- num_instances, last_frac and transfer_ratio from them. Who arrived last at an instance and the
+-- split by side for send/recv; each instance gets its transfer ratio; stragglers.py numbers a
+-- step's instances densely (the replay's index) when it reads that step's members, one step at a
+-- time, and fills num_instances, last_frac and transfer_ratio from them. Who arrived last at an instance and the
 -- waits it imposed come from collperf_instances (last_rank, wait_ns), computed there in one pass.
 CREATE OR REPLACE TEMP TABLE _st_instances AS
 WITH kinds AS (
@@ -48,8 +48,7 @@ WITH kinds AS (
     FROM collperf_instances c JOIN typical t ON t.op = c.op AND t.bytes IS NOT DISTINCT FROM c.bytes
     WHERE c.run_id = $run_id AND c.transfer_ns > 0
 )
-SELECT i.instance_id, i.step, i.is_p2p, i.src_rank, k.kind,
-    CAST(row_number() OVER (PARTITION BY i.step ORDER BY i.instance_id) - 1 AS INTEGER) AS dense_id, t.ratio
+SELECT i.instance_id, i.step, i.is_p2p, i.src_rank, k.kind, t.ratio
 FROM match_instances i JOIN kinds k ON k.op = i.op AND k.group_size IS NOT DISTINCT FROM i.group_size
 LEFT JOIN transfer t USING (instance_id)
 WHERE i.run_id = $run_id AND i.status = 'complete';
