@@ -2,8 +2,8 @@
 clock-sync samples of `bprof record`, refined by the exits of symmetric collectives.
 
 Reads ranks, clock_samples, match_instances, match_members; writes clock_hosts, fills
-ranks.clock_offset_ns / clock_residual_ns and match_members.arrival_aligned_ns / end_aligned_ns
-(definitions in clock.sql).
+ranks.clock_offset_ns / clock_residual_ns, which give match_members_aligned.arrival_aligned_ns /
+end_aligned_ns (definitions in clock.sql and match.sql).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 -- Apply the solved clock offsets (clock.py wrote them to the temp table _clock_solution): the
--- clock_hosts rows, ranks.clock_offset_ns and clock_residual_ns (the only store columns an
--- analyzer writes), and the aligned times of match_members (aligned = own + offset).
+-- clock_hosts rows, and ranks.clock_offset_ns and clock_residual_ns (the only store columns an
+-- analyzer writes), from which the view match_members_aligned gives every member's aligned times
+-- (aligned = own + offset).
 
 INSERT INTO clock_hosts
 SELECT $run_id, s.host, d.ranks, s.offset_ns, s.residual_ns, s.method, s.via_host,
@@ -16,8 +17,3 @@ LEFT JOIN (SELECT host, sum(num_obs) AS num_collectives
 UPDATE ranks r SET clock_offset_ns = h.offset_ns, clock_residual_ns = h.residual_ns
 FROM (SELECT d.rank, s.offset_ns, s.residual_ns FROM _clock_solution s JOIN _clock_domains d USING (host)) h
 WHERE r.run_id = $run_id AND r.rank = h.rank;
-
-UPDATE match_members m SET arrival_aligned_ns = m.arrival_ts_ns + r.clock_offset_ns,
-    end_aligned_ns = m.end_ts_ns + r.clock_offset_ns
-FROM ranks r
-WHERE m.run_id = $run_id AND r.run_id = $run_id AND r.rank = m.rank AND r.clock_offset_ns IS NOT NULL;

@@ -6,7 +6,7 @@ The link peak an instance's bus bandwidth is compared with: within a host the sl
 device's NVLink per direction (bprof/kernels/devices.csv), across hosts the NIC the user gives
 (Options.nic_bytes_per_s, `bprof analyze --nic-gbps`); unknown stays NULL.
 
-Reads match_instances, match_members, ranks, collectives; writes collperf_instances,
+Reads match_instances, match_members_aligned, ranks, collectives; writes collperf_instances,
 collperf_waits, collperf_groups (definitions in collperf.sql). Each member's wait is a row of
 collperf_waits (an interval on its own clock, what breakdown intersects); the last member waits 0.
 """

@@ -1,9 +1,9 @@
 -- How did each collective perform: how long did its members wait for the last one, how long did
 -- the transfer itself take, at what bandwidth? Per complete instance, per member, per group.
--- Reads match_instances, match_members (aligned by the clock analyzer), ranks, collectives;
+-- Reads match_instances, match_members_aligned (the clock analyzer's offsets), ranks, collectives;
 -- writes collperf_instances, collperf_waits, collperf_groups.
 --
--- Definitions (on aligned clocks, match_members.*_aligned_ns):
+-- Definitions (on aligned clocks, match_members_aligned.*_aligned_ns):
 -- * skew_ns = last arrival - first arrival; last_rank = the member that arrived last.
 -- * wait_ns of a member = last arrival - its own arrival: the part of its call spent waiting for
 --   peers (the exposed_wait of the analyze partition, once breakdown intersects it with exposed
@@ -164,7 +164,7 @@ WITH hosts AS (
         max(CAST(arrival_aligned_ns AS HUGEINT) * 4294967296 + (2147483647 - rank)) AS last_key,
         sum(arrival_aligned_ns) AS sum_arrival, sum(end_aligned_ns) AS sum_end,
         min(end_aligned_ns) AS min_end, max(end_aligned_ns) AS max_end
-    FROM match_members WHERE run_id = $run_id
+    FROM match_members_aligned WHERE run_id = $run_id
     GROUP BY instance_id
 ), a2a AS (
     -- bytes each member of an all_to_all receives and sends (its tokens, for MoE): a dispatch is uneven
@@ -228,7 +228,7 @@ FROM (SELECT *, CASE spans_hosts WHEN true THEN inter_bytes_per_s WHEN false THE
 -- offset cancels: last_arrival_aligned - offset = own arrival + wait).
 INSERT INTO collperf_waits
 SELECT $run_id, m.instance_id, m.rank, m.step, m.arrival_ts_ns, m.arrival_ts_ns + (i.last_arrival_aligned_ns - m.arrival_aligned_ns)
-FROM match_members m JOIN collperf_instances i ON i.run_id = $run_id AND i.instance_id = m.instance_id
+FROM match_members_aligned m JOIN collperf_instances i ON i.run_id = $run_id AND i.instance_id = m.instance_id
 WHERE m.run_id = $run_id AND i.last_arrival_aligned_ns > m.arrival_aligned_ns;
 
 INSERT INTO collperf_groups

@@ -1,7 +1,8 @@
 -- Which calls of different ranks are one collective or p2p instance, and which instances do not
 -- match (a member missing, a different op, size or dtype)? The first step towards a hang diagnosis,
 -- and the input of clock alignment and collective performance.
--- Reads collectives, steps, ranks; writes match_instances, match_members.
+-- Reads collectives, steps, ranks; writes match_instances, match_members (and the view
+-- match_members_aligned over it).
 --
 -- Definitions:
 -- * Group identity: pg_name, the same on every rank (torch names groups by a global creation
@@ -70,9 +71,7 @@ CREATE TABLE IF NOT EXISTS match_members (
     call_index INTEGER NOT NULL,
     step INTEGER,
     arrival_ts_ns BIGINT,
-    end_ts_ns BIGINT,
-    arrival_aligned_ns BIGINT,
-    end_aligned_ns BIGINT
+    end_ts_ns BIGINT
 );
 COMMENT ON TABLE match_members IS 'One row per call matched into an instance (collectives row of a member).';
 COMMENT ON COLUMN match_members.run_id IS 'Run (runs.run_id).';
@@ -82,8 +81,24 @@ COMMENT ON COLUMN match_members.call_index IS 'The call (collectives.call_index 
 COMMENT ON COLUMN match_members.step IS 'Profiler step of the call on this rank.';
 COMMENT ON COLUMN match_members.arrival_ts_ns IS 'When the member joined: start of its device work (first NCCL kernel, gloo worker range), else of its CPU call; own clock.';
 COMMENT ON COLUMN match_members.end_ts_ns IS 'End of its device work (last NCCL kernel or gloo range); own clock; NULL without device work.';
-COMMENT ON COLUMN match_members.arrival_aligned_ns IS 'arrival_ts_ns + the rank''s clock offset (ranks.clock_offset_ns): on the reference clock; filled by the clock analyzer, NULL while the offset is unknown.';
-COMMENT ON COLUMN match_members.end_aligned_ns IS 'end_ts_ns + the rank''s clock offset; filled by the clock analyzer.';
+
+-- The members on the reference clock: aligned = own + the rank's clock offset, which the clock
+-- analyzer stores once per rank (ranks.clock_offset_ns) rather than once per member: writing two
+-- more columns of every member (43 million rows at 10,240 ranks) cost more than adding the offset
+-- wherever aligned times are read.
+CREATE OR REPLACE VIEW match_members_aligned AS
+SELECT m.*, m.arrival_ts_ns + r.clock_offset_ns AS arrival_aligned_ns, m.end_ts_ns + r.clock_offset_ns AS end_aligned_ns
+FROM match_members m LEFT JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank;
+COMMENT ON VIEW match_members_aligned IS 'match_members with each member''s times on the reference clock (the clock analyzer''s offsets).';
+COMMENT ON COLUMN match_members_aligned.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN match_members_aligned.instance_id IS 'Instance (match_instances.instance_id).';
+COMMENT ON COLUMN match_members_aligned.rank IS 'Global rank of the member.';
+COMMENT ON COLUMN match_members_aligned.call_index IS 'The call (collectives.call_index on that rank).';
+COMMENT ON COLUMN match_members_aligned.step IS 'Profiler step of the call on this rank.';
+COMMENT ON COLUMN match_members_aligned.arrival_ts_ns IS 'match_members.arrival_ts_ns: own clock.';
+COMMENT ON COLUMN match_members_aligned.end_ts_ns IS 'match_members.end_ts_ns: own clock.';
+COMMENT ON COLUMN match_members_aligned.arrival_aligned_ns IS 'arrival_ts_ns + the rank''s clock offset (ranks.clock_offset_ns): on the reference clock; NULL while the offset is unknown (clock not run, or the host not linked to the reference).';
+COMMENT ON COLUMN match_members_aligned.end_aligned_ns IS 'end_ts_ns + the rank''s clock offset; NULL without device work or offset.';
 
 -- The groups of the run: identity, expected members, and the pair of a two-rank group.
 CREATE OR REPLACE TEMP TABLE _match_groups AS
@@ -295,5 +310,5 @@ SELECT $run_id, p.instance_id,
 FROM problems p JOIN _match_groups g USING (gid);
 
 INSERT INTO match_members
-SELECT $run_id, instance_id, rank, call_index, step, arrival_ts_ns, end_ts_ns, NULL, NULL
+SELECT $run_id, instance_id, rank, call_index, step, arrival_ts_ns, end_ts_ns
 FROM _match_calls($run_id);

@@ -10,8 +10,8 @@ only when lost_ns >= max(2% of the median step, 3 x the median absolute deviatio
 time). Candidates: the MAX_CANDIDATES ranks imposing the most wait, the MAX_HOST_CANDIDATES hosts
 whose ranks impose the most, and the hosts whose inter-host transfers are slowest; they are known
 before any step is replayed, so steps are built and priced one at a time.
-Reads match_*, collperf_instances, breakdown_steps, bubbles_stages, timeline_spans, ranks; writes
-stragglers_ranks.
+Reads match_instances, match_members_aligned, collperf_instances, breakdown_steps, bubbles_stages,
+timeline_spans, ranks; writes stragglers_ranks.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[
         SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
             -- what the member does: its op and group size; a send and a recv are different roles
             CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
-        FROM match_members m JOIN _st_step i USING (instance_id)
+        FROM match_members_aligned m JOIN _st_step i USING (instance_id)
         WHERE m.run_id = ? AND m.arrival_aligned_ns IS NOT NULL""", [run_id])
     spans = read("""
         SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,

@@ -3,7 +3,7 @@
 -- median rank (a score in the spirit of NVIDIA's straggler detector: the median rank's compute over
 -- this rank's), and the evidence for a cause class. stragglers.py prices the candidates with the
 -- counterfactual engine and writes lost_ns, flagged and cause.
--- Reads match_instances, match_members (aligned clocks), collperf_instances, breakdown_steps,
+-- Reads match_instances, match_members_aligned, collperf_instances, breakdown_steps,
 -- ranks; writes stragglers_ranks.
 
 CREATE TABLE IF NOT EXISTS stragglers_ranks (

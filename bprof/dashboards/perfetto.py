@@ -54,7 +54,7 @@ ORDER BY e.rank, ts_aligned_ns, e.row_id"""
 # stand for their arrival: the device work (NCCL kernel or gloo range) and the CPU call.
 _MEMBERS = """
 SELECT m.instance_id, i.op, i.pg_name, i.pg_desc, i.seq, i.is_p2p, i.src_rank, i.status, m.rank,
-       coalesce(m.arrival_aligned_ns, m.arrival_ts_ns + k.clock_offset_ns, m.arrival_ts_ns) AS arrival_ns,
+       coalesce(m.arrival_ts_ns + k.clock_offset_ns, m.arrival_ts_ns) AS arrival_ns,
        (SELECT arg_max([e.pid, e.tid, CAST(e.ts_ns AS VARCHAR), CAST(e.dur_ns AS VARCHAR)], e.dur_ns) FROM events e
         WHERE e.run_id = $run_id AND e.rank = m.rank AND e.ts_ns = c.device_ts_ns
           AND (e.kind = 'kernel' AND (lower(e.name) LIKE 'nccl%' OR lower(e.name) LIKE 'rccl%')

@@ -1,7 +1,7 @@
 -- What does each rank's step consist of, as the what-if replay needs it? The member rows of the
 -- collectives (the joins between ranks) and each rank's spans; graph.py builds one chain per rank
 -- and step from them and splits the work between collectives into parts (host gaps, kernel classes).
--- Reads match_instances, match_members, timeline_spans, ranks, breakdown_groups; writes the temp tables _wi_members
+-- Reads match_instances, match_members(_aligned), timeline_spans, ranks, breakdown_groups; writes the temp tables _wi_members
 -- and _wi_spans (per step, read one step at a time).
 --
 -- Definitions.
@@ -28,7 +28,7 @@ CREATE OR REPLACE TEMP TABLE _wi_members AS
 WITH joined AS (
     SELECT i.instance_id FROM match_instances i
     WHERE i.run_id = $run_id AND i.status = 'complete' AND i.step IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM match_members m WHERE m.run_id = $run_id AND m.instance_id = i.instance_id
+      AND NOT EXISTS (SELECT 1 FROM match_members_aligned m WHERE m.run_id = $run_id AND m.instance_id = i.instance_id
                       AND (m.arrival_aligned_ns IS NULL OR m.end_aligned_ns IS NULL))
 ), kinds AS (
     SELECT op, group_size, CAST(row_number() OVER (ORDER BY op, group_size) - 1 AS INTEGER) AS kind
@@ -42,7 +42,7 @@ WITH joined AS (
 ), rows AS (
     SELECT i.step, m.instance_id, -1 AS solo_rank, m.rank, m.arrival_aligned_ns AS arrival_ns, m.end_aligned_ns AS end_ns,
         i.op, i.bytes, i.group_size, i.is_p2p, i.src_rank
-    FROM match_members m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
+    FROM match_members_aligned m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
     WHERE m.run_id = $run_id AND m.instance_id IN (SELECT instance_id FROM joined)
     UNION ALL
     SELECT m.step, m.instance_id, m.rank AS solo_rank, m.rank, m.arrival_ts_ns + coalesce(r.clock_offset_ns, 0),

@@ -68,7 +68,7 @@ def test_samples_give_the_offset_of_the_best_round_trips_and_align_members(tmp_p
                                    ("b", [2, 3], -AHEAD_NS, 30, "samples", "a", 4, 1)]
     assert con.execute("SELECT list(clock_offset_ns ORDER BY rank), list(clock_residual_ns ORDER BY rank) FROM ranks").fetchone() \
         == ([0, 0, -AHEAD_NS, -AHEAD_NS], [0, 0, 30, 30])
-    assert con.execute("SELECT list((rank, arrival_aligned_ns, end_aligned_ns) ORDER BY rank) FROM match_members").fetchone()[0] \
+    assert con.execute("SELECT list((rank, arrival_aligned_ns, end_aligned_ns) ORDER BY rank) FROM match_members_aligned").fetchone()[0] \
         == [(0, 10_000, 15_000), (2, 14_000, 15_000)]
     assert _findings(con, run_id) == []
 

@@ -103,13 +103,13 @@ def test_recorded_export_is_one_step_of_every_rank(recorded):
 
 
 def test_recorded_export_times_are_the_analyzers_aligned_times(recorded):
-    """Each member's device work (the gloo range) starts at match_members.arrival_aligned_ns and ends at
-    end_aligned_ns, to the nanosecond."""
+    """Each member's device work (the gloo range) starts at match_members_aligned.arrival_aligned_ns and
+    ends at end_aligned_ns, to the nanosecond."""
     con, run_id, _, result, trace = recorded
     base = trace["bprofExport"]["base_time_ns"]
     gloo = {(e["pid"], base + round(e["ts"] * 1000)): base + round((e["ts"] + e["dur"]) * 1000)
             for e in trace["traceEvents"] if e["ph"] == "X" and e["name"].startswith("gloo:")}
-    members = con.execute("""SELECT rank, arrival_aligned_ns, end_aligned_ns FROM match_members
+    members = con.execute("""SELECT rank, arrival_aligned_ns, end_aligned_ns FROM match_members_aligned
                              WHERE run_id = ? AND step = ?""", [run_id, result["step"]]).fetchall()
     assert members and all(gloo[(rank, start)] == end for rank, start, end in members)
 
@@ -221,7 +221,7 @@ def test_synthetic_nccl_streams_and_alignment(synthetic):
                for e in events if e.get("cat") == "kernel" and e["name"].startswith("nccl")}
     spans = con.execute("""
         SELECT i.instance_id, list(m.rank), list(m.arrival_aligned_ns), list(m.end_ts_ns), list(m.end_aligned_ns)
-        FROM match_instances i JOIN match_members m USING (run_id, instance_id) JOIN ranks k USING (run_id, rank)
+        FROM match_instances i JOIN match_members_aligned m USING (run_id, instance_id) JOIN ranks k USING (run_id, rank)
         WHERE run_id = ? AND i.step = ? AND i.op = 'all_reduce' AND i.status = 'complete'
         GROUP BY ALL HAVING count(DISTINCT k.host) = 2""", [run_id, result["step"]]).fetchall()
     assert spans and len(set(offsets.values())) == 4

@@ -44,11 +44,14 @@ SELECT rank, kind, name, lane, start_aligned_ns, dur_ns FROM picked WHERE nth <=
 ORDER BY dur_ns DESC  -- longest first: nested ranges are drawn under what they contain
 """
 
+# aligned = own + the rank's offset (what the view match_members_aligned gives), spelt out so that a
+# store analysed before that view existed still draws
 _MEMBERS = """
 SELECT m.instance_id, m.rank, i.op, coalesce(i.pg_desc, i.pg_name) AS grp, i.seq,
-       m.arrival_aligned_ns, m.end_aligned_ns
+       m.arrival_ts_ns + r.clock_offset_ns AS arrival_aligned_ns, m.end_ts_ns + r.clock_offset_ns AS end_aligned_ns
 FROM match_members m JOIN match_instances i USING (run_id, instance_id)
-WHERE m.run_id = $run_id AND m.step = $step AND list_contains($ranks, m.rank) AND m.arrival_aligned_ns IS NOT NULL
+JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank
+WHERE m.run_id = $run_id AND m.step = $step AND list_contains($ranks, m.rank) AND r.clock_offset_ns IS NOT NULL
 ORDER BY m.instance_id, m.rank
 """
 
