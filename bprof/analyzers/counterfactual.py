@@ -2,5 +2,5 @@
 is one engine). This name stays for the analyzers and tests that import it from here."""
 
 from bprof.whatif.engine import (  # noqa: F401
-    Replay, StepGraph, _by_rank_then_key, _chain_order, _counting_sort, _dense_instances, _latest_by,
+    Replay, StepGraph, _counting_sort, _dense_instances, _latest_by,
     _replay_exits, exit_offsets, replay, replay_in_order, work_segments)

@@ -87,7 +87,7 @@ class StepGraph:
             moved = _break_ties(order, g_rank, _take(last, g_dense), arrival_ns, dense)
             g_dense[moved] = dense[order[moved]]  # tied rows share their rank
         else:
-            order = _chain_order(rank, last[dense], arrival_ns, dense)
+            order = np.lexsort((dense, arrival_ns, last[dense], rank))  # ranks beyond any real job
             g_dense, g_rank = dense[order], rank[order]
         dense, g_arr, g_end = g_dense, _take(arrival_ns, order), _take(end_ns, order)
         by_inst, ptr = _rows_by_position(position, dense, np.empty(len(dense), dtype=idx))
@@ -233,20 +233,6 @@ def _replay_exits(ptr, span, work, exit_after, span_start):  # pragma: no cover 
     return prev_exit
 
 
-def _chain_order(rank: np.ndarray, last_ns: np.ndarray, arrival_ns: np.ndarray, dense: np.ndarray) -> np.ndarray:
-    """Rows by (rank, instance's last arrival, own arrival, instance): ties broken by instance, so
-    deterministic whatever order the rows came in. Ranks below 2^24 (any real job): a counting sort
-    by rank, then each rank's rows (a few thousand) by last arrival, compiled - a stable argsort of
-    20 million packed (rank, last) keys took 3.5-5 s here when the store returned rows out of order."""
-    if not len(rank):
-        return np.zeros(0, dtype=np.int64)
-    if not (rank.min() >= 0 and rank.max() < 1 << 24):
-        return np.lexsort((dense, arrival_ns, last_ns, rank))
-    order, last, ptr = _by_rank_then_key(rank, last_ns, int(rank.max()) + 1)
-    _break_ties(order, np.repeat(np.arange(len(ptr) - 1), np.diff(ptr)), last, arrival_ns, dense)
-    return order
-
-
 def _break_ties(order: np.ndarray, sorted_rank: np.ndarray, sorted_last: np.ndarray, arrival_ns: np.ndarray,
                 dense: np.ndarray) -> np.ndarray:
     """Rows in order of (rank, last) - sorted_rank and sorted_last in that order - whose (rank, last)
@@ -321,53 +307,6 @@ def _rows_by_position(position, dense, rows):  # pragma: no cover - compiled
         rows[fill[p]] = i
         fill[p] += 1
     return rows, ptr
-
-
-@numba.njit(cache=True, nogil=True)
-def _by_rank_then_key(rank, key, num_ranks):  # pragma: no cover - compiled
-    """Rows by rank (counting sort), each rank's rows by key (stable); with their keys in that order
-    and each rank's start (CSR). The keys travel with the rows, so each rank's rows are sorted in
-    cache. A rank's rows usually come nearly in key order (the store keeps a rank's calls in call
-    order), so each rank is first insertion sorted, linear then; past a budget of moves it is merge
-    sorted instead (both stable: the same result)."""
-    ptr = np.zeros(num_ranks + 1, dtype=np.int64)
-    for r in rank:
-        ptr[r + 1] += 1
-    for r in range(num_ranks):
-        ptr[r + 1] += ptr[r]
-    fill = ptr[:-1].copy()
-    rows = np.empty(len(rank), dtype=np.int64)
-    keys = np.empty(len(rank), dtype=key.dtype)
-    for i in range(len(rank)):
-        at = fill[rank[i]]
-        rows[at] = i
-        keys[at] = key[i]
-        fill[rank[i]] += 1
-    for r in range(num_ranks):
-        lo, hi = ptr[r], ptr[r + 1]
-        if hi - lo > 1 and not _insertion_sort(rows, keys, lo, hi, 8 * (hi - lo)):
-            by_key = np.argsort(keys[lo:hi], kind="mergesort")
-            rows[lo:hi] = rows[lo:hi][by_key]
-            keys[lo:hi] = keys[lo:hi][by_key]
-    return rows, keys, ptr
-
-
-@numba.njit(cache=True, nogil=True)
-def _insertion_sort(rows, keys, lo, hi, budget):  # pragma: no cover - compiled
-    """Stable insertion sort of keys[lo:hi], rows moving alike, in place; False (partly sorted, still
-    in stable order) once more than `budget` moves were needed."""
-    moves = 0
-    for i in range(lo + 1, hi):
-        row, k = rows[i], keys[i]
-        j = i
-        while j > lo and keys[j - 1] > k:
-            rows[j], keys[j] = rows[j - 1], keys[j - 1]
-            j -= 1
-        rows[j], keys[j] = row, k
-        moves += i - j
-        if moves > budget:
-            return False
-    return True
 
 
 def _dense_instances(instance: np.ndarray, arrival_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
