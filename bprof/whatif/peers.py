@@ -81,18 +81,7 @@ class PeerStep:
         """How much shorter the step is when `ranks` work like the median of the other ranks of their
         signature (a rank whose signature nobody else has keeps its own work). `ranks` must be among
         the ranks the step was built to price."""
-        if not np.isin(self.g.span_rank, list(ranks)).any():
-            return 0
-        at, work, new_tail = self._like_peers(ranks)
-        # the replay reads the step's work with the few changed entries swapped in and back out:
-        # a copy of 20 million entries per priced set cost more than the replay
-        kept = self.work_in_order[at]
-        self.work_in_order[at] = work
-        try:
-            replayed = replay_in_order(self.g, self.work_in_order, self.exit_in_order, new_tail).step_ns
-        finally:
-            self.work_in_order[at] = kept
-        return self.step_ns - replayed
+        return self.gains([ranks], threads=1)[0]
 
     def gains(self, rank_sets: list[set[int]], threads: int = 2) -> list[int]:
         """gain() of each set of ranks; the replays (compiled, without the GIL) run on `threads`
@@ -102,6 +91,8 @@ class PeerStep:
         out = [0] * len(rank_sets)
 
         def replay_some(indices: list[int]) -> None:
+            # the replay reads the step's work with the few changed entries swapped in and back out:
+            # a copy of 20 million entries per priced set cost more than the replay
             work_in_order = self.work_in_order.copy() if len(indices) < len(todo) else self.work_in_order
             for i in indices:
                 at, work, new_tail = changes[i]
