@@ -19,6 +19,7 @@ expresses) is compiled with numba.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -45,6 +46,9 @@ class StepGraph:
     instance_ids: np.ndarray  # the caller's id of each dense instance index
     source_row: np.ndarray  # for each member row, its index in the arrays given to build()
     last_arrival_ns: np.ndarray  # per dense instance: its latest member arrival
+    work_in_order: np.ndarray  # measured work before each member row, in replay order (x[rows_by_instance])
+    exit_in_order: np.ndarray  # measured exit after the instance's last arrival, in replay order
+    tail_ns: np.ndarray  # measured work after its last exit, per span rank
 
     @classmethod
     def build(cls, instance, rank, arrival_ns, end_ns, span_rank, span_start_ns, span_end_ns,
@@ -71,26 +75,29 @@ class StepGraph:
             if len(dense) and (dense.min() < 0 or dense.max() >= len(ids)):
                 raise ValueError("instance indices outside instance_ids")
             last = _latest_by(dense, arrival_ns, len(ids))
-        # Each rank's chain follows the order instances are replayed in (their last arrival), not its
-        # own arrivals: with asynchronous collectives (several NCCL streams) a rank can arrive at B
-        # before A completes; the chain then counts B's work from A's exit, which may be negative,
-        # and the replay of unchanged work stays exact.
+        # Each rank's chain follows the order instances are replayed in (their last arrival, then
+        # their dense index), not its own arrivals: with asynchronous collectives (several NCCL
+        # streams) a rank can arrive at B before A completes; the chain then counts B's work from A's
+        # exit, which may be negative, and the replay of unchanged work stays exact - also when two
+        # instances of a rank end their arrivals at the same instant, because a rank's previous row
+        # in its chain is its previous row in the replay.
         instance_order = np.argsort(last, kind="stable")  # by last arrival, then dense index
         position = np.empty(len(ids), dtype=np.int64)
         position[instance_order] = np.arange(len(ids))
         # row indices fit 32 bits below 2^31 rows (20 million per step at 10,240 ranks): half the memory
         idx = np.int32 if len(rank) < 1 << 31 and len(ids) < 1 << 31 else np.int64
-        if len(rank) and rank.min() >= 0 and rank.max() < 1 << 24:
-            order = _chain_order_by_position(rank, position, dense, int(rank.max()) + 1, np.empty(len(rank), dtype=idx),
-                                             np.empty(len(rank), dtype=idx))
-            g_dense, g_rank = _take(dense, order), _take(rank, order)
-            moved = _break_ties(order, g_rank, _take(last, g_dense), arrival_ns, dense)
-            g_dense[moved] = dense[order[moved]]  # tied rows share their rank
+        by_pos = np.empty(len(rank), dtype=idx)  # the caller's rows in replay order
+        if len(rank) and rank.max() < 1 << 24:
+            order, by_inst = np.empty(len(rank), dtype=idx), np.empty(len(rank), dtype=idx)
+            ptr = _chain_and_replay_order(rank, position, dense, int(rank.max()) + 1, by_pos, order, by_inst)
         else:
-            order = np.lexsort((dense, arrival_ns, last[dense], rank))  # ranks beyond any real job
-            g_dense, g_rank = dense[order], rank[order]
-        dense, g_arr, g_end = g_dense, _take(arrival_ns, order), _take(end_ns, order)
-        by_inst, ptr = _rows_by_position(position, dense, np.empty(len(dense), dtype=idx))
+            order = np.lexsort((position[dense], rank)).astype(idx)  # ranks beyond any real job
+            _, ptr = _rows_by_position(position, dense, by_pos)
+            chain_of = np.empty(len(rank), dtype=idx)
+            chain_of[order] = np.arange(len(rank), dtype=idx)
+            by_inst = chain_of[by_pos]
+        g_dense, g_rank = _take(dense, order), _take(rank, order)
+        g_arr, g_end = _take(arrival_ns, order), _take(end_ns, order)
         # rows are sorted by rank: look up each run of a rank once
         starts = np.flatnonzero(np.r_[True, g_rank[1:] != g_rank[:-1]]) if len(g_rank) else np.zeros(0, dtype=np.int64)
         run_rank = g_rank[starts]
@@ -99,10 +106,15 @@ class StepGraph:
             missing = sorted(set(run_rank.tolist()) - set(span_rank.tolist()))
             raise ValueError(f"ranks {missing[:5]} join collectives of the step but have no span in it")
         row_span = np.repeat(run_span.astype(idx), np.diff(np.r_[starts, len(g_rank)]))
-        by_inst = by_inst.astype(idx, copy=False)
-        return cls(dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), g_arr, g_end, span_rank,
-                   span_start, span_end, row_span, instance_order, by_inst, ptr, _take(row_span, by_inst), position, ids,
-                   order.astype(idx, copy=False), last)
+        # what was measured, in replay order: one walk over the caller's rows in that order (which
+        # the store returns close to it), instead of gathers through the chain order
+        span_by_instance = _take(row_span, by_inst)
+        work_in_order, exit_in_order = np.empty(len(rank), dtype=np.int64), np.empty(len(rank), dtype=np.int64)
+        last_end = _measured_in_order(by_pos, ptr, instance_order, last, arrival_ns, end_ns, span_by_instance,
+                                      span_start, work_in_order, exit_in_order)
+        return cls(g_dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), g_arr, g_end, span_rank,
+                   span_start, span_end, row_span, instance_order, by_inst, ptr, span_by_instance, position, ids,
+                   order, last, work_in_order, exit_in_order, span_end - last_end)
 
     def members(self, k: int) -> np.ndarray:
         """The member rows of dense instance k."""
@@ -139,12 +151,6 @@ def _work_segments(rank, row_span, arrival, end, span_start):  # pragma: no cove
     return work, last_end
 
 
-def in_replay_order(g: StepGraph, work: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(work, exit_offsets(g)) gathered into replay order (x[g.rows_by_instance]): what a caller
-    replaying many variants of a step keeps."""
-    return _in_replay_order(g.rows_by_instance, g.instance_ptr, g.instance_order, work, g.end_ns, g.last_arrival_ns)
-
-
 def replay_positions(g: StepGraph, rows: np.ndarray) -> np.ndarray:
     """Where each of `rows` sits in replay order (rows_by_instance[position] == row): found in its
     instance's block, for the few rows a caller changes, instead of a 20-million-row scatter."""
@@ -157,8 +163,11 @@ def _replay_positions(rows, instance, instance_position, ptr, rows_by_instance):
     out = np.empty(len(rows), dtype=np.int64)
     for i in range(len(rows)):
         k = instance_position[instance[rows[i]]]
-        # a block's rows ascend (chain order)
-        out[i] = ptr[k] + np.searchsorted(rows_by_instance[ptr[k]:ptr[k + 1]], rows[i])
+        out[i] = -1
+        for j in range(ptr[k], ptr[k + 1]):  # a block holds one row per member: a group's size
+            if rows_by_instance[j] == rows[i]:
+                out[i] = j
+                break
     return out
 
 
@@ -172,21 +181,6 @@ def _take(values, index):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _in_replay_order(rows, ptr, instance_order, work, end, last_arrival):  # pragma: no cover - compiled
-    """The instance of a row in replay order is its block's (instance_order), read once per block;
-    blocks on every core (each row is in one block)."""
-    work_in_order = np.empty(len(rows), dtype=np.int64)
-    exit_in_order = np.empty(len(rows), dtype=np.int64)
-    for k in numba.prange(len(ptr) - 1):
-        last = last_arrival[instance_order[k]]
-        for j in range(ptr[k], ptr[k + 1]):
-            r = rows[j]
-            work_in_order[j] = work[r]
-            exit_in_order[j] = end[r] - last
-    return work_in_order, exit_in_order
-
-
 def exit_offsets(g: StepGraph) -> np.ndarray:
     """Each member's exit after the last arrival of its instance: the transfer it saw."""
     return g.end_ns - g.last_arrival_ns[g.instance]
@@ -196,6 +190,8 @@ def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None
            exit_after_ns: np.ndarray | None = None) -> Replay:
     """Replay the step with the given work and transfers (default: as measured); each exit follows
     the last arrival of its instance by `exit_after_ns`."""
+    if work is None and tail is None and exit_after_ns is None:
+        return replay_in_order(g, g.work_in_order, g.exit_in_order, g.tail_ns)
     if work is None or tail is None:
         base_work, base_tail = work_segments(g)
         work = base_work if work is None else work
@@ -212,6 +208,74 @@ def replay_in_order(g: StepGraph, work_in_order: np.ndarray, exit_after_in_order
     ends = exits + np.asarray(tail, dtype=np.int64)
     step_ns = int(ends.max() - g.span_start_ns.min()) if len(ends) else 0
     return Replay(g.span_rank, ends, step_ns)
+
+
+def replay_many(g: StepGraph, work_in_order: np.ndarray, exit_in_order: np.ndarray,
+                changes: list[tuple[np.ndarray, np.ndarray, np.ndarray]], threads: int = 2) -> list[int]:
+    """The job's step (step_ns) replayed once per change, each change (positions in replay order,
+    their work there, tail per span rank) applied to the work alone: one walk over the rows for
+    all changes (the rows are read once, not once per change), the changes split over `threads`
+    threads (compiled, without the GIL)."""
+    if not changes:
+        return []
+    parts = [list(range(len(changes)))[k::threads] for k in range(min(threads, len(changes)))]
+
+    def walk(part: list[int]) -> np.ndarray:
+        at, work, counts = [], [], [0]
+        for i in part:
+            where = np.asarray(changes[i][0], dtype=np.int64)
+            by_position = np.argsort(where, kind="stable")
+            at.append(where[by_position])
+            work.append(np.asarray(changes[i][1], dtype=np.int64)[by_position])
+            counts.append(len(where))
+        return _replay_exits_many(g.instance_ptr, g.span_by_instance, work_in_order, exit_in_order, g.span_start_ns,
+                                  np.concatenate(at), np.concatenate(work), np.cumsum(counts))
+
+    if len(parts) > 1:
+        with ThreadPoolExecutor(len(parts)) as pool:
+            exits = list(pool.map(walk, parts))
+    else:
+        exits = [walk(parts[0])]
+    out = [0] * len(changes)
+    start = int(g.span_start_ns.min()) if len(g.span_start_ns) else 0
+    for part, prev in zip(parts, exits):
+        for t, i in enumerate(part):
+            ends = prev[:, t] + np.asarray(changes[i][2], dtype=np.int64)
+            out[i] = int(ends.max() - start) if len(ends) else 0
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _replay_exits_many(ptr, span, work, exit_after, span_start, change_at, change_work, change_ptr):  # pragma: no cover - compiled
+    """_replay_exits for several variants of the work at once (variant t replaces the work at
+    positions change_at[change_ptr[t]:change_ptr[t + 1]], ascending): each span rank keeps one
+    exit per variant, side by side, so a row is read once for all of them. Returns the span
+    ranks' last exits, one column per variant."""
+    variants = len(change_ptr) - 1
+    prev_exit = np.empty((len(span_start), variants), dtype=np.int64)
+    for s in range(len(span_start)):
+        for t in range(variants):
+            prev_exit[s, t] = span_start[s]
+    cursor = change_ptr[:-1].copy()
+    latest = np.empty(variants, dtype=np.int64)
+    for k in range(len(ptr) - 1):
+        latest[:] = np.iinfo(np.int64).min
+        for j in range(ptr[k], ptr[k + 1]):
+            s = span[j]
+            for t in range(variants):
+                w = work[j]
+                c = cursor[t]
+                if c < change_ptr[t + 1] and change_at[c] == j:
+                    w = change_work[c]
+                    cursor[t] = c + 1
+                arrive = prev_exit[s, t] + w
+                if arrive > latest[t]:
+                    latest[t] = arrive
+        for j in range(ptr[k], ptr[k + 1]):
+            s = span[j]
+            for t in range(variants):
+                prev_exit[s, t] = latest[t] + exit_after[j]
+    return prev_exit
 
 
 @numba.njit(cache=True, nogil=True)
@@ -233,53 +297,15 @@ def _replay_exits(ptr, span, work, exit_after, span_start):  # pragma: no cover 
     return prev_exit
 
 
-def _break_ties(order: np.ndarray, sorted_rank: np.ndarray, sorted_last: np.ndarray, arrival_ns: np.ndarray,
-                dense: np.ndarray) -> np.ndarray:
-    """Rows in order of (rank, last) - sorted_rank and sorted_last in that order - whose (rank, last)
-    ties, reordered by (arrival, instance) in place: rare, two instances of a rank ending their
-    arrivals at the same instant. Returns the positions that moved (or may have)."""
-    at, run = _tie_runs(sorted_rank, sorted_last)
-    if len(at):
-        rows = order[at]
-        order[at] = rows[np.lexsort((dense[rows], arrival_ns[rows], run))]
-    return at
-
-
 @numba.njit(cache=True, nogil=True)
-def _tie_runs(rank, key):  # pragma: no cover - compiled
-    """For rows sorted by (rank, key): the positions in runs of equal (rank, key) longer than one
-    row, and the run number of each."""
+def _chain_and_replay_order(rank, position, dense, num_ranks, by_pos, order, by_inst):  # pragma: no cover - compiled
+    """The rows in replay order (by_pos: grouped by their instance's replay position, each group in
+    row order), in chain order (order: by rank, then replay position - a stable counting sort of
+    by_pos by rank) and, for each replay position, the row's place in chain order (by_inst): a
+    radix sort of (rank, position), two linear passes. by_pos, order, by_inst: empty arrays of
+    len(rank) integers (int32 below 2^31 rows). Returns each replayed instance's start in by_pos."""
     n = len(rank)
-    count = 0
-    for j in range(n - 1):
-        if rank[j] == rank[j + 1] and key[j] == key[j + 1]:
-            count += 1
-    at = np.empty(2 * count, dtype=np.int64)
-    run = np.empty(2 * count, dtype=np.int64)
-    k, runs, j = 0, 0, 0
-    while j < n - 1:
-        if rank[j] == rank[j + 1] and key[j] == key[j + 1]:
-            lo = j
-            while j < n - 1 and rank[j] == rank[j + 1] and key[j] == key[j + 1]:
-                j += 1
-            for i in range(lo, j + 1):
-                at[k] = i
-                run[k] = runs
-                k += 1
-            runs += 1
-        j += 1
-    return at[:k], run[:k]
-
-
-@numba.njit(cache=True, nogil=True)
-def _chain_order_by_position(rank, position, dense, num_ranks, by_pos, order):  # pragma: no cover - compiled
-    """Rows in chain order: by rank, then by their instance's replay position (last arrival, then
-    instance). A radix sort of (rank, position): two stable counting sorts, each linear. A sort of
-    each rank's rows by last arrival took 2.7 s per 10,240-rank step when the store returned the
-    rows instance by instance. by_pos and order: empty arrays of len(rank) integers (int32 below
-    2^31 rows), the first pass's scratch and the result."""
-    n = len(rank)
-    _rows_by_position(position, dense, by_pos)
+    _, ptr = _rows_by_position(position, dense, by_pos)
     start = np.zeros(num_ranks + 1, dtype=np.int64)
     for i in range(n):
         start[rank[i] + 1] += 1
@@ -287,9 +313,29 @@ def _chain_order_by_position(rank, position, dense, num_ranks, by_pos, order):  
         start[r + 1] += start[r]
     for j in range(n):
         i = by_pos[j]
-        order[start[rank[i]]] = i
-        start[rank[i]] += 1
-    return order
+        p = start[rank[i]]
+        order[p] = i
+        by_inst[j] = p
+        start[rank[i]] = p + 1
+    return ptr
+
+
+@numba.njit(cache=True, nogil=True)
+def _measured_in_order(by_pos, ptr, instance_order, last, arrival, end, span, span_start, work, exit_after):  # pragma: no cover - compiled
+    """Walk the rows in replay order (by_pos: the caller's rows; span: each one's span index):
+    a row's work runs from its rank's previous exit in the replay (its span start for the first),
+    which is its previous row in its chain; its exit follows its instance's last arrival. Fills
+    work and exit_after; returns each span rank's last exit (its span start when it joined nothing)."""
+    last_end = span_start.copy()
+    for k in range(len(ptr) - 1):
+        latest = last[instance_order[k]]
+        for j in range(ptr[k], ptr[k + 1]):
+            i = by_pos[j]
+            s = span[j]
+            work[j] = arrival[i] - last_end[s]
+            last_end[s] = end[i]
+            exit_after[j] = end[i] - latest
+    return last_end
 
 
 @numba.njit(cache=True, nogil=True)

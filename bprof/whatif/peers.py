@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import functools
 import statistics
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 
-from bprof.whatif.engine import (StepGraph, _counting_sort, in_replay_order, replay_in_order, replay_positions,
-                                 work_segments)
+from bprof.whatif.engine import StepGraph, _counting_sort, replay_in_order, replay_many, replay_positions, work_segments
 
 
 class PeerStep:
@@ -35,8 +33,8 @@ class PeerStep:
 
     def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
         self.g = g
-        work, self.tail = work_segments(g)
-        self.work_in_order, self.exit_in_order = in_replay_order(g, work)
+        work, _ = work_segments(g)  # by rank (chain order): the peers' work is compared there
+        self.work_in_order, self.exit_in_order, self.tail = g.work_in_order, g.exit_in_order, g.tail_ns
         idx = g.rows_by_instance.dtype  # int32 below 2^31 rows (20 million per step at 10,240 ranks)
         self.step_ns = replay_in_order(g, self.work_in_order, self.exit_in_order, self.tail).step_ns
         # signature: per rank, its pipeline stage and the count of each role
@@ -84,31 +82,14 @@ class PeerStep:
         return self.gains([ranks], threads=1)[0]
 
     def gains(self, rank_sets: list[set[int]], threads: int = 2) -> list[int]:
-        """gain() of each set of ranks; the replays (compiled, without the GIL) run on `threads`
-        threads, each on its own copy of the step's work (one copy per thread, not per set)."""
+        """gain() of each set of ranks: the replays of all sets in one walk over the step's rows
+        (engine.replay_many), on `threads` threads."""
         changes = [self._like_peers(r) if np.isin(self.g.span_rank, list(r)).any() else None for r in rank_sets]
         todo = [i for i, c in enumerate(changes) if c is not None]
+        steps = replay_many(self.g, self.work_in_order, self.exit_in_order, [changes[i] for i in todo], threads)
         out = [0] * len(rank_sets)
-
-        def replay_some(indices: list[int]) -> None:
-            # the replay reads the step's work with the few changed entries swapped in and back out:
-            # a copy of 20 million entries per priced set cost more than the replay
-            work_in_order = self.work_in_order.copy() if len(indices) < len(todo) else self.work_in_order
-            for i in indices:
-                at, work, new_tail = changes[i]
-                kept = work_in_order[at]
-                work_in_order[at] = work
-                try:
-                    out[i] = self.step_ns - replay_in_order(self.g, work_in_order, self.exit_in_order, new_tail).step_ns
-                finally:
-                    work_in_order[at] = kept
-
-        parts = [todo[k::threads] for k in range(threads) if todo[k::threads]]
-        if len(parts) > 1:
-            with ThreadPoolExecutor(len(parts)) as pool:
-                list(pool.map(replay_some, parts))
-        elif parts:
-            replay_some(parts[0])
+        for i, step_ns in zip(todo, steps):
+            out[i] = self.step_ns - step_ns
         return out
 
     def like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray]:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from bprof.analyzers.counterfactual import StepGraph, replay, work_segments
+from bprof.whatif.engine import replay_in_order, replay_positions
 
 
 def _two_groups():
@@ -76,9 +77,10 @@ def test_straggler_cost_agrees_with_the_synthetic_resimulation_without_it(tmp_pa
 
 
 @pytest.mark.parametrize("first_rank", [0, 1 << 24])  # the radix sort, and the lexsort beyond any real job's ranks
-def test_build_orders_each_chain_by_last_arrival_then_own_arrival_then_instance_even_with_ties(first_rank):
-    """build's radix sort by (rank, replay position) plus its tie pass gives the rows of the 4-key
-    lexsort, whatever order the rows come in, and groups them by instance in replay order."""
+def test_build_orders_each_chain_by_replay_position_even_with_ties(first_rank):
+    """build's radix sort gives each rank's rows in replay order - by their instance's last arrival,
+    then instance - as a lexsort would, whatever order the rows come in; groups them by instance in
+    replay order; and its measured work and exits in replay order are work_segments' gathered there."""
     rng = np.random.default_rng(2)
     for n_inst in [1, 7, 200, 3000]:
         ranks = rng.integers(2, 9)
@@ -87,17 +89,35 @@ def test_build_orders_each_chain_by_last_arrival_then_own_arrival_then_instance_
         dense = np.array([k for k, _ in rows])
         rank = np.array([first_rank + r for _, r in rows], dtype=np.int64)
         arrival = rng.integers(0, max(n_inst // 3, 1), len(rows))  # many instances share a last arrival
-        g = StepGraph.build(dense, rank, arrival, arrival + 5, first_rank + np.arange(ranks), np.zeros(ranks),
+        end = arrival + rng.integers(0, 50, len(rows))
+        g = StepGraph.build(dense, rank, arrival, end, first_rank + np.arange(ranks), np.zeros(ranks),
                             np.full(ranks, 10**6), instance_ids=np.arange(n_inst))
         last = np.zeros(n_inst, dtype=np.int64)
         np.maximum.at(last, dense, arrival)
-        assert g.source_row.tolist() == np.lexsort((dense, arrival, last[dense], rank)).tolist()
+        assert g.source_row.tolist() == np.lexsort((dense, last[dense], rank)).tolist()
         replayed = g.instance[g.rows_by_instance]
         assert np.array_equal(replayed, np.repeat(np.lexsort((np.arange(n_inst), last)), np.diff(g.instance_ptr)))
-        assert all(np.all(np.diff(g.rows_by_instance[a:b]) > 0) for a, b in zip(g.instance_ptr[:-1], g.instance_ptr[1:]))
+        some = rng.choice(len(rows), min(len(rows), 50), replace=False)
+        assert np.array_equal(g.rows_by_instance[replay_positions(g, some)], some)
+        work, tail = work_segments(g)
+        assert np.array_equal(g.work_in_order, work[g.rows_by_instance]) and np.array_equal(g.tail_ns, tail)
+        assert np.array_equal(g.exit_in_order, (g.end_ns - g.last_arrival_ns[g.instance])[g.rows_by_instance])
+        assert replay(g).end_ns.tolist() == [10**6] * ranks  # exact, ties and all
+        assert replay(g, work, tail).end_ns.tolist() == [10**6] * ranks
 
 
-def test_gains_on_two_threads_are_each_sets_gain_and_leave_the_step_as_it_was():
+def test_two_instances_ending_their_arrivals_at_once_replay_exactly():
+    """Rank 0 arrives at B (5) before A (8); both instances' last arrival is rank 1's at 10. A chain
+    ordered by own arrival (B, A) against a replay ordered A, B counted A's work from B's exit and
+    replayed B's exit 7 ns late; the chain in replay order is exact."""
+    g = StepGraph.build(instance=[0, 0, 1, 1], rank=[0, 1, 0, 1], arrival_ns=[8, 10, 5, 10], end_ns=[12, 12, 13, 13],
+                        span_rank=[0, 1], span_start_ns=[0, 0], span_end_ns=[20, 20])
+    assert replay(g).end_ns.tolist() == [20, 20]
+    work, tail = work_segments(g)
+    assert work.tolist() == [8, 5 - 12, 10, 10 - 12] and replay(g, work, tail).end_ns.tolist() == [20, 20]
+
+
+def test_gains_in_one_walk_are_each_sets_own_replay_and_leave_the_step_as_it_was():
     from bprof.whatif.peers import PeerStep
 
     rng = np.random.default_rng(3)
@@ -111,5 +131,10 @@ def test_gains_on_two_threads_are_each_sets_gain_and_leave_the_step_as_it_was():
     step = PeerStep(g, np.zeros(len(dense), dtype=np.int64), np.zeros(ranks, dtype=np.int64), set(range(ranks)))
     before = step.work_in_order.copy()
     sets = [{5}, {0}, {1, 5}, {2}, {3, 4}]
-    assert step.gains(sets) == [step.gain(s) for s in sets]
-    assert step.gains(sets)[0] > 0 and np.array_equal(step.work_in_order, before)
+    expected = []
+    for s in sets:  # each set replayed on its own, the plain way
+        work_in_order, tail = step.like_peers(s)
+        expected.append(step.step_ns - replay_in_order(g, work_in_order, step.exit_in_order, tail).step_ns)
+    assert step.gains(sets) == expected == [step.gain(s) for s in sets]
+    assert step.gains(sets, threads=3) == expected
+    assert expected[0] > 0 and np.array_equal(step.work_in_order, before)
