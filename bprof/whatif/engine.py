@@ -19,6 +19,7 @@ expresses) is compiled with numba.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -32,8 +33,6 @@ class StepGraph:
 
     instance: np.ndarray  # dense instance index 0..k-1 of each member row
     rank: np.ndarray  # rank of each member row (int32)
-    arrival_ns: np.ndarray  # aligned arrival
-    end_ns: np.ndarray  # aligned exit
     span_rank: np.ndarray  # ranks with a span in this step, ascending
     span_start_ns: np.ndarray  # aligned span start
     span_end_ns: np.ndarray  # aligned span end
@@ -49,6 +48,25 @@ class StepGraph:
     work_in_order: np.ndarray  # measured work before each member row, in replay order (x[rows_by_instance])
     exit_in_order: np.ndarray  # measured exit after the instance's last arrival, in replay order
     tail_ns: np.ndarray  # measured work after its last exit, per span rank
+
+    @functools.cached_property
+    def arrival_ns(self) -> np.ndarray:
+        """Each member row's aligned arrival (chain order): rebuilt from the measured work on first
+        use, not kept from build (two 20-million-row arrays per step at 10,240 ranks that the
+        straggler pricing never reads)."""
+        return self._times[0]
+
+    @functools.cached_property
+    def end_ns(self) -> np.ndarray:
+        """Each member row's aligned exit (chain order), rebuilt like arrival_ns."""
+        return self._times[1]
+
+    @functools.cached_property
+    def _times(self) -> tuple[np.ndarray, np.ndarray]:
+        arrival, end = np.empty(len(self.rank), dtype=np.int64), np.empty(len(self.rank), dtype=np.int64)
+        _chain_times(self.instance_ptr, self.instance_order, self.last_arrival_ns, self.span_by_instance,
+                     self.rows_by_instance, self.work_in_order, self.exit_in_order, self.span_start_ns, arrival, end)
+        return arrival, end
 
     @classmethod
     def build(cls, instance, rank, arrival_ns, end_ns, span_rank, span_start_ns, span_end_ns,
@@ -97,7 +115,6 @@ class StepGraph:
             chain_of[order] = np.arange(len(rank), dtype=idx)
             by_inst = chain_of[by_pos]
         g_dense, g_rank = _take(dense, order), _take(rank, order)
-        g_arr, g_end = _take(arrival_ns, order), _take(end_ns, order)
         # rows are sorted by rank: look up each run of a rank once
         starts = np.flatnonzero(np.r_[True, g_rank[1:] != g_rank[:-1]]) if len(g_rank) else np.zeros(0, dtype=np.int64)
         run_rank = g_rank[starts]
@@ -112,7 +129,7 @@ class StepGraph:
         work_in_order, exit_in_order = np.empty(len(rank), dtype=np.int64), np.empty(len(rank), dtype=np.int64)
         last_end = _measured_in_order(by_pos, ptr, instance_order, last, arrival_ns, end_ns, span_by_instance,
                                       span_start, work_in_order, exit_in_order)
-        return cls(g_dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), g_arr, g_end, span_rank,
+        return cls(g_dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), span_rank,
                    span_start, span_end, row_span, instance_order, by_inst, ptr, span_by_instance, position, ids,
                    order, last, work_in_order, exit_in_order, span_end - last_end)
 
@@ -130,25 +147,16 @@ class Replay:
 
 
 def work_segments(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
-    """(work before each member row, tail work per span rank): what each rank does on its own."""
-    work, last_end = _work_segments(g.rank, g.row_span, g.arrival_ns, g.end_ns, g.span_start_ns)
-    return work, g.span_end_ns - last_end
+    """(work before each member row, tail work per span rank): what each rank does on its own; the
+    work is the measured work in replay order put back in chain order."""
+    return _by_row(g, g.work_in_order), g.tail_ns
 
 
-@numba.njit(cache=True, nogil=True)
-def _work_segments(rank, row_span, arrival, end, span_start):  # pragma: no cover - compiled
-    """Rows in chain order per rank: each row's work since its rank's previous exit (its span start
-    for the first), and each span rank's last exit (its span start when it joined nothing). One
-    pass; as numpy it was eight over 20 million rows."""
-    work = np.empty(len(rank), dtype=np.int64)
-    last_end = span_start.copy()
-    for i in range(len(rank)):
-        if i == 0 or rank[i] != rank[i - 1]:
-            work[i] = arrival[i] - span_start[row_span[i]]
-        else:
-            work[i] = arrival[i] - end[i - 1]
-        last_end[row_span[i]] = end[i]
-    return work, last_end
+def _by_row(g: StepGraph, in_order: np.ndarray) -> np.ndarray:
+    """x with x[g.rows_by_instance] = in_order: values in replay order, by member row."""
+    out = np.empty(len(in_order), dtype=in_order.dtype)
+    out[g.rows_by_instance] = in_order
+    return out
 
 
 def replay_positions(g: StepGraph, rows: np.ndarray) -> np.ndarray:
@@ -183,7 +191,7 @@ def _take(values, index):  # pragma: no cover - compiled
 
 def exit_offsets(g: StepGraph) -> np.ndarray:
     """Each member's exit after the last arrival of its instance: the transfer it saw."""
-    return g.end_ns - g.last_arrival_ns[g.instance]
+    return _by_row(g, g.exit_in_order)
 
 
 def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None = None,
@@ -336,6 +344,22 @@ def _measured_in_order(by_pos, ptr, instance_order, last, arrival, end, span, sp
             last_end[s] = end[i]
             exit_after[j] = end[i] - latest
     return last_end
+
+
+@numba.njit(cache=True, nogil=True)
+def _chain_times(ptr, instance_order, last, span, rows, work, exit_after, span_start, arrival, end):  # pragma: no cover - compiled
+    """The inverse of _measured_in_order: replaying the measured work reproduces every arrival and
+    exit exactly; each is written at its row's place in chain order (rows: rows_by_instance)."""
+    prev_exit = span_start.copy()
+    for k in range(len(ptr) - 1):
+        latest = last[instance_order[k]]
+        for j in range(ptr[k], ptr[k + 1]):
+            s = span[j]
+            arrival[rows[j]] = prev_exit[s] + work[j]
+            e = latest + exit_after[j]
+            end[rows[j]] = e
+            prev_exit[s] = e
+    return arrival, end
 
 
 @numba.njit(cache=True, nogil=True)
