@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
-from bprof.whatif.engine import StepGraph
+from bprof.whatif.engine import StepGraph, _take
 from bprof.whatif.peers import PeerStep
 
 NAME = "stragglers"
@@ -135,7 +135,7 @@ def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced
             pending = reader.submit(_read_step, con, run_id, steps[i + 1]) if i + 1 < len(steps) else None
             g = StepGraph.build(m["dense_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
                                 spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=inst["instance_id"])
-            role = m["role_id"][g.source_row].astype(np.int64)
+            role = _take(m["role_id"], g.source_row)
             evidence.add(g, inst["ratio"][g.instance])
             del m
             stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
