@@ -154,8 +154,14 @@ def work_segments(g: StepGraph) -> tuple[np.ndarray, np.ndarray]:
 
 def _by_row(g: StepGraph, in_order: np.ndarray) -> np.ndarray:
     """x with x[g.rows_by_instance] = in_order: values in replay order, by member row."""
-    out = np.empty(len(in_order), dtype=in_order.dtype)
-    out[g.rows_by_instance] = in_order
+    return _scatter(in_order, g.rows_by_instance, np.empty(len(in_order), dtype=in_order.dtype))
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _scatter(values, index, out):  # pragma: no cover - compiled
+    """out[index] = values on every core (index: a permutation, so no two writes meet)."""
+    for i in numba.prange(len(index)):
+        out[index[i]] = values[i]
     return out
 
 
@@ -328,21 +334,27 @@ def _chain_and_replay_order(rank, position, dense, num_ranks, by_pos, order, by_
     return ptr
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _measured_in_order(by_pos, ptr, instance_order, last, arrival, end, span, span_start, work, exit_after):  # pragma: no cover - compiled
     """Walk the rows in replay order (by_pos: the caller's rows; span: each one's span index):
     a row's work runs from its rank's previous exit in the replay (its span start for the first),
     which is its previous row in its chain; its exit follows its instance's last arrival. Fills
-    work and exit_after; returns each span rank's last exit (its span start when it joined nothing)."""
+    work and exit_after; returns each span rank's last exit (its span start when it joined nothing).
+    The gathers from the caller's rows (a jump per instance) run on every core, the walk after them
+    reads in sequence."""
+    for k in numba.prange(len(ptr) - 1):
+        latest = last[instance_order[k]]
+        for j in range(ptr[k], ptr[k + 1]):
+            i = by_pos[j]
+            work[j] = arrival[i]
+            exit_after[j] = end[i] - latest
     last_end = span_start.copy()
     for k in range(len(ptr) - 1):
         latest = last[instance_order[k]]
         for j in range(ptr[k], ptr[k + 1]):
-            i = by_pos[j]
             s = span[j]
-            work[j] = arrival[i] - last_end[s]
-            last_end[s] = end[i]
-            exit_after[j] = end[i] - latest
+            work[j] -= last_end[s]
+            last_end[s] = latest + exit_after[j]
     return last_end
 
 

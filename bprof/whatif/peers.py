@@ -199,12 +199,13 @@ def _occurrence(span, role, roles):  # pragma: no cover - compiled
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, parallel=True)
 def _by_key_then_work(key, work, num_keys):  # pragma: no cover - compiled
-    """Rows by key 0..num_keys-1 (counting sort), each key's rows by work; and each key's start (CSR).
-    Rows of equal key and work are interchangeable here, so the sort within a key need not be stable."""
+    """Rows by key 0..num_keys-1 (counting sort), each key's rows by work (the keys on every core);
+    and each key's start (CSR). Rows of equal key and work are interchangeable here, so the sort
+    within a key need not be stable."""
     rows, ptr = _counting_sort(key, num_keys)
-    for k in range(num_keys):
+    for k in numba.prange(num_keys):
         lo, hi = ptr[k], ptr[k + 1]
         if hi - lo > 1:
             chunk = rows[lo:hi].copy()
