@@ -295,18 +295,36 @@ def _link_candidates(con, run_id: int) -> dict[str, tuple[float, np.ndarray]]:
     # one numbering of the hosts, used by the pairs and to name the hosts found
     host_names = [h for (h,) in con.execute(
         "SELECT DISTINCT host FROM ranks WHERE run_id = ? AND host IS NOT NULL ORDER BY host", [run_id]).fetchall()]
+    # the hosts of each inter-host instance from its group's ranks (its sender and receiver for
+    # p2p): a complete instance's members are exactly those, and reading them from the 43 million
+    # member rows at 10,240 ranks cost 2-3 times as much
     pairs = {k: np.asarray(v) for k, v in con.execute("""
         WITH hosts AS (
             SELECT host, CAST(row_number() OVER (ORDER BY host) - 1 AS INTEGER) AS host_id
             FROM (SELECT DISTINCT host FROM ranks WHERE run_id = $1 AND host IS NOT NULL)
+        ), rank_hosts AS (
+            SELECT r.rank, h.host_id FROM ranks r JOIN hosts h USING (host) WHERE r.run_id = $1
+        ), spanning AS (
+            SELECT instance_id, pg_name, is_p2p, dense_rank() OVER (ORDER BY op, bytes) AS class_id, transfer_ns
+            FROM collperf_instances WHERE run_id = $1 AND spans_hosts AND transfer_ns > 0
+        ), group_hosts AS (
+            -- a complete collective's members are its group's ranks
+            SELECT DISTINCT g.pg_name, h.host_id
+            FROM (SELECT pg_name, unnest(any_value(pg_ranks)) AS rank FROM match_instances
+                  WHERE run_id = $1 AND NOT is_p2p AND status = 'complete'
+                    AND pg_name IN (SELECT pg_name FROM spanning WHERE NOT is_p2p)
+                  GROUP BY pg_name) g
+            JOIN rank_hosts h USING (rank)
         )
-        SELECT DISTINCT p.instance_id, p.host_id, p.class_id, p.transfer_ns FROM (
-            SELECT m.instance_id, h.host_id, dense_rank() OVER (ORDER BY c.op, c.bytes) AS class_id, c.transfer_ns
-            FROM collperf_instances c
-            JOIN match_members m ON m.run_id = c.run_id AND m.instance_id = c.instance_id
-            JOIN ranks r ON r.run_id = c.run_id AND r.rank = m.rank
-            JOIN hosts h ON h.host = r.host
-            WHERE c.run_id = $1 AND c.spans_hosts AND c.transfer_ns > 0) p""",
+        SELECT s.instance_id, g.host_id, s.class_id, s.transfer_ns
+        FROM spanning s JOIN group_hosts g USING (pg_name) WHERE NOT s.is_p2p
+        UNION ALL
+        -- a complete send/recv's members are its sender and receiver
+        SELECT DISTINCT p.instance_id, h.host_id, p.class_id, p.transfer_ns
+        FROM (SELECT s.*, unnest([i.src_rank, i.dst_rank]) AS rank
+              FROM spanning s JOIN match_instances i ON i.run_id = $1 AND i.instance_id = s.instance_id
+              WHERE s.is_p2p) p
+        JOIN rank_hosts h USING (rank)""",
         [run_id]).fetchnumpy().items()}
     if not len(pairs["instance_id"]):
         return {}
