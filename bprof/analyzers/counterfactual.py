@@ -3,4 +3,4 @@ is one engine). This name stays for the analyzers and tests that import it from 
 
 from bprof.whatif.engine import (  # noqa: F401
     Replay, StepGraph, _counting_sort, _dense_instances, _latest_by,
-    _replay_exits, exit_offsets, replay, replay_in_order, work_segments)
+    exit_offsets, replay, replay_in_order, work_segments)

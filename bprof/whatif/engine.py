@@ -218,7 +218,9 @@ def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None
 def replay_in_order(g: StepGraph, work_in_order: np.ndarray, exit_after_in_order: np.ndarray, tail: np.ndarray) -> Replay:
     """replay() with work and exits already in replay order (x[g.rows_by_instance]): a caller
     replaying many variants of one step gathers once and changes a few entries per variant."""
-    exits = _replay_exits(g.instance_ptr, g.span_by_instance, work_in_order, exit_after_in_order, g.span_start_ns)
+    none = np.zeros(0, dtype=np.int64)
+    exits = _replay_exits_many(g.instance_ptr, g.span_by_instance, work_in_order, exit_after_in_order, g.span_start_ns,
+                               none, none, np.zeros(2, dtype=np.int64))[:, 0]
     ends = exits + np.asarray(tail, dtype=np.int64)
     step_ns = int(ends.max() - g.span_start_ns.min()) if len(ends) else 0
     return Replay(g.span_rank, ends, step_ns)
@@ -261,10 +263,14 @@ def replay_many(g: StepGraph, work_in_order: np.ndarray, exit_in_order: np.ndarr
 
 @numba.njit(cache=True, nogil=True)
 def _replay_exits_many(ptr, span, work, exit_after, span_start, change_at, change_work, change_ptr):  # pragma: no cover - compiled
-    """_replay_exits for several variants of the work at once (variant t replaces the work at
-    positions change_at[change_ptr[t]:change_ptr[t + 1]], ascending): each span rank keeps one
-    exit per variant, side by side, so a row is read once for all of them. Returns the span
-    ranks' last exits, one column per variant."""
+    """Algorithm: instances in the order of their measured last arrival (a topological order: an
+    instance depends only on instances its members left before arriving at it); the arrays hold the
+    member rows in that order, so the walk reads them in sequence. A member arrives at its rank's
+    previous exit plus its work; the instance's exits follow its latest arrival. Several variants of
+    the work at once (variant t replaces the work at positions change_at[change_ptr[t]:change_ptr[t + 1]],
+    ascending; one variant without changes is the plain replay): each span rank keeps one exit per
+    variant, side by side, so a row is read once for all of them. Returns the span ranks' last exits
+    (their span start when they joined nothing), one column per variant."""
     variants = len(change_ptr) - 1
     prev_exit = np.empty((len(span_start), variants), dtype=np.int64)
     for s in range(len(span_start)):
@@ -289,25 +295,6 @@ def _replay_exits_many(ptr, span, work, exit_after, span_start, change_at, chang
             s = span[j]
             for t in range(variants):
                 prev_exit[s, t] = latest[t] + exit_after[j]
-    return prev_exit
-
-
-@numba.njit(cache=True, nogil=True)
-def _replay_exits(ptr, span, work, exit_after, span_start):  # pragma: no cover - compiled
-    """Algorithm: instances in the order of their measured last arrival (a topological order: an
-    instance depends only on instances its members left before arriving at it); the arrays hold the
-    member rows in that order, so the walk reads them in sequence. A member arrives at its rank's
-    previous exit plus its work; the instance's exits follow its latest arrival. Returns each span
-    rank's last exit (its span start when it joined nothing)."""
-    prev_exit = span_start.copy()
-    for k in range(len(ptr) - 1):
-        latest = np.iinfo(np.int64).min
-        for j in range(ptr[k], ptr[k + 1]):
-            arrive = prev_exit[span[j]] + work[j]
-            if arrive > latest:
-                latest = arrive
-        for j in range(ptr[k], ptr[k + 1]):
-            prev_exit[span[j]] = latest + exit_after[j]
     return prev_exit
 
 

@@ -23,7 +23,7 @@ def test_unchanged_work_reproduces_every_measured_end():
 
 def test_work_segments_are_the_time_between_exits_and_arrivals():
     work, tail = work_segments(_two_groups())
-    # rows sorted by (rank, arrival): (0,i10) (1,i10) (1,i11) (2,i11)
+    # rows sorted by (rank, replay position): (0,i10) (1,i10) (1,i11) (2,i11)
     assert work.tolist() == [10, 30, 5, 20] and tail.tolist() == [10, 2, 12]
 
 
