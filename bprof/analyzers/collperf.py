@@ -26,6 +26,7 @@ IMBALANCE_FRAC = 0.2  # all_to_all flagged when the busiest receiver gets >= 1.2
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
     _link_peaks(con, run_id, options)
+    run_sql(con, "instance_times.sql", run_id)
     run_sql(con, "collperf.sql", run_id)
     return Result(NAME, TABLES, _findings(con, run_id))
 

@@ -1,6 +1,7 @@
 -- How did each collective perform: how long did its members wait for the last one, how long did
 -- the transfer itself take, at what bandwidth? Per complete instance, per member, per group.
--- Reads match_instances, match_members_aligned (the clock analyzer's offsets), ranks, collectives;
+-- Reads match_instances, match_members_aligned (the clock analyzer's offsets), ranks, collectives
+-- (with the macros of instance_times.sql);
 -- writes collperf_instances, collperf_waits, collperf_groups.
 --
 -- Definitions (on aligned clocks, match_members_aligned.*_aligned_ns):
@@ -9,7 +10,8 @@
 --   peers (the exposed_wait of the analyze partition, once breakdown intersects it with exposed
 --   communication through collperf_waits).
 -- * transfer_ns = common end - last arrival, the common end being the median of the members' ends
---   (up to 4 members; beyond, their mean without the earliest and the latest end).
+--   (up to 4 members; beyond, their mean without the earliest and the latest end, rounded down;
+--   instance_times.sql).
 -- * nccl-tests conventions: algbw = bytes / transfer time, with bytes as match_instances.bytes
 --   counts them (all_gather its output, reduce_scatter its input); busbw = algbw x factor:
 --   all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n;
@@ -58,7 +60,7 @@ COMMENT ON COLUMN collperf_instances.first_arrival_aligned_ns IS 'Earliest membe
 COMMENT ON COLUMN collperf_instances.last_arrival_aligned_ns IS 'Latest member arrival, reference clock: when the collective could start moving data.';
 COMMENT ON COLUMN collperf_instances.skew_ns IS 'Arrival skew: last_arrival_aligned_ns - first_arrival_aligned_ns.';
 COMMENT ON COLUMN collperf_instances.last_rank IS 'The member that arrived last (the lowest rank on a tie).';
-COMMENT ON COLUMN collperf_instances.end_aligned_ns IS 'Common end of the members'' aligned ends: their median for up to 4 members, beyond that their mean without the earliest and the latest end (robust like the median, and cheap at 10k ranks); NULL when a member has no end.';
+COMMENT ON COLUMN collperf_instances.end_aligned_ns IS 'Common end of the members'' aligned ends: their median for up to 4 members, beyond that their mean without the earliest and the latest end, rounded down (robust like the median, and cheap at 10k ranks); NULL when a member has no end.';
 COMMENT ON COLUMN collperf_instances.transfer_ns IS 'end_aligned_ns - last_arrival_aligned_ns: the collective''s own time once everyone had arrived (negative only through clock error).';
 COMMENT ON COLUMN collperf_instances.algbw_bytes_per_s IS 'bytes / transfer time (nccl-tests algbw); NULL without a positive transfer time or a size.';
 COMMENT ON COLUMN collperf_instances.busbw_factor IS 'nccl-tests bus-bandwidth factor of the op: all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n; broadcast, reduce, p2p 1; NULL for others (barrier).';
@@ -125,13 +127,11 @@ COMMENT ON COLUMN collperf_groups.median_busbw_bytes_per_s IS 'Median busbw.';
 COMMENT ON COLUMN collperf_groups.link_peak_bytes_per_s IS 'Peak bandwidth per direction of the link (as collperf_instances.link_peak_bytes_per_s; the lowest of the group''s instances); NULL when unknown.';
 COMMENT ON COLUMN collperf_groups.busbw_peak_frac IS 'median_busbw_bytes_per_s / link_peak_bytes_per_s; NULL while the peak is unknown.';
 
--- Algorithm: one GROUP BY over the members of every instance, then only complete ones are kept;
--- instances with a member on an unaligned clock are dropped whole. Epoch-sized nanosecond counts never go through a double:
--- sums are HUGEINT and the common end is an integer division. The last arrival and its rank come
--- from one max over arrival x 2^32 + (2^31 - 1 - rank): the latest arrival, the lowest rank on a tie.
--- The common end divides in BIGINT: sum = count x earliest end + excess, and only the excess (the
--- ends' spread, not their epoch) is divided, rounding toward zero as the HUGEINT division would;
--- HUGEINT division cost seconds at 10,240 ranks. It stays the fallback for an excess beyond BIGINT.
+-- Algorithm: an instance whose members share a clock (one host) has its timing from match, on that
+-- clock (match_instances.first_arrival_ts_ns...), plus the clock's offset: at 10,240 ranks that is 41
+-- of the 43 million members (tensor-parallel groups within a host), no longer grouped a second time.
+-- The others are grouped here from their aligned times, with the same definitions
+-- (instance_times.sql). Instances with a member on an unaligned clock are dropped whole.
 -- One statement from members to collperf_instances: a temp table of 5.7 million instances between
 -- them cost as much to write as the insert.
 INSERT INTO collperf_instances
@@ -155,17 +155,29 @@ WITH hosts AS (
     JOIN (SELECT pg_name, unnest(pg_ranks) AS rank FROM groups) u USING (pg_name)
     LEFT JOIN _collperf_links l USING (rank)
     GROUP BY g.pg_name
+), several AS (
+    -- the groups and pairs (instance_id >> 36) with instances whose members are not on one clock
+    SELECT DISTINCT instance_id >> 36 AS key FROM match_instances
+    WHERE run_id = $run_id AND status = 'complete' AND num_members >= 2 AND first_arrival_ts_ns IS NULL
 ), agg AS (
-    -- every matched instance: filtering on the instance first would probe each member into a
-    -- table of all instances; the few incomplete ones are dropped after
     SELECT instance_id,
         count(*) AS n, count(arrival_aligned_ns) AS n_aligned, count(end_aligned_ns) AS n_ends,
         min(arrival_aligned_ns) AS first_ns, max(arrival_aligned_ns) AS last_ns,
-        max(CAST(arrival_aligned_ns AS HUGEINT) * 4294967296 + (2147483647 - rank)) AS last_key,
+        max(it_arrival_key(arrival_aligned_ns, rank)) AS last_key,
         sum(arrival_aligned_ns) AS sum_arrival, sum(end_aligned_ns) AS sum_end,
         min(end_aligned_ns) AS min_end, max(end_aligned_ns) AS max_end
-    FROM match_members_aligned WHERE run_id = $run_id
+    FROM match_members_aligned WHERE run_id = $run_id AND instance_id >> 36 IN (SELECT key FROM several)
     GROUP BY instance_id
+), timed AS (
+    SELECT instance_id, true AS from_members, first_ns, last_ns, it_last_rank(last_key, last_ns) AS last_rank,
+        it_wait_ns(n, last_ns, sum_arrival) AS wait_ns,
+        CASE WHEN n_ends = n THEN it_common_end(n_ends, sum_end, min_end, max_end) END AS end_ns
+    FROM agg WHERE n_aligned = n
+    UNION ALL
+    SELECT i.instance_id, false, i.first_arrival_ts_ns + r.clock_offset_ns, i.last_arrival_ts_ns + r.clock_offset_ns,
+        i.last_rank, i.wait_ns, i.end_ts_ns + r.clock_offset_ns
+    FROM match_instances i JOIN ranks r ON r.run_id = $run_id AND r.rank = i.last_rank
+    WHERE i.run_id = $run_id AND i.first_arrival_ts_ns IS NOT NULL AND r.clock_offset_ns IS NOT NULL
 ), a2a AS (
     -- bytes each member of an all_to_all receives and sends (its tokens, for MoE): a dispatch is uneven
     -- in what the experts receive, the combine that returns the tokens in what they send
@@ -177,19 +189,6 @@ WITH hosts AS (
     WHERE m.run_id = $run_id AND c.op = 'all_to_all'
       AND m.instance_id IN (SELECT instance_id FROM match_instances WHERE run_id = $run_id AND op = 'all_to_all')
     GROUP BY m.instance_id
-), derived AS (
-    SELECT instance_id, n, n_aligned, n_ends, first_ns, last_ns,
-        2147483647 - CAST(last_key - CAST(last_ns AS HUGEINT) * 4294967296 AS BIGINT) AS last_rank,
-        CAST(n * CAST(last_ns AS HUGEINT) - sum_arrival AS BIGINT) AS wait_ns,
-        -- common end: the median for up to 4 members; beyond, the mean without the earliest and latest end
-        CASE WHEN n_ends = 0 THEN NULL
-             WHEN excess_ns IS NULL THEN CAST(end_sum // end_count AS BIGINT)
-             ELSE min_end + excess_ns // end_count
-                  + CASE WHEN min_end + excess_ns // end_count < 0 AND excess_ns % end_count > 0 THEN 1 ELSE 0 END
-        END AS end_ns
-    FROM (SELECT *, TRY_CAST(end_sum - end_count * CAST(min_end AS HUGEINT) AS BIGINT) AS excess_ns
-          FROM (SELECT *, CASE WHEN n_ends <= 2 THEN sum_end ELSE sum_end - min_end - max_end END AS end_sum,
-                    CASE WHEN n_ends <= 2 THEN n_ends ELSE n_ends - 2 END AS end_count FROM agg))
 ), inst AS (
     SELECT i.instance_id, i.op, i.pg_name, i.seq, i.is_p2p, i.step, i.num_members, i.bytes, i.timing,
         a.first_ns, a.last_ns, a.last_rank, x.imbalance, a.wait_ns,
@@ -197,13 +196,12 @@ WITH hosts AS (
              ELSE g.spans_hosts END AS spans_hosts,
         CASE WHEN i.is_p2p THEN least(ls.intra_bytes_per_s, ld.intra_bytes_per_s) ELSE gl.intra END AS intra_bytes_per_s,
         CASE WHEN i.is_p2p THEN ls.inter_bytes_per_s ELSE gl.inter END AS inter_bytes_per_s,
-        CASE WHEN a.n_ends = a.n THEN a.end_ns END AS end_ns,
-        CASE WHEN a.n_ends = a.n THEN a.end_ns - a.last_ns END AS transfer_ns,
+        a.end_ns, a.end_ns - a.last_ns AS transfer_ns,
         CASE WHEN i.is_p2p OR i.op IN ('broadcast', 'reduce') THEN 1.0
              WHEN i.op = 'all_reduce' THEN 2.0 * (i.num_members - 1) / i.num_members
              WHEN i.op IN ('all_gather', 'reduce_scatter', 'all_to_all', 'gather', 'scatter')
                  THEN (i.num_members - 1) / i.num_members END AS factor
-    FROM derived a
+    FROM timed a
     JOIN match_instances i ON i.run_id = $run_id AND i.instance_id = a.instance_id
     LEFT JOIN a2a x ON x.instance_id = a.instance_id
     LEFT JOIN group_hosts g ON g.pg_name = i.pg_name AND NOT i.is_p2p
@@ -212,7 +210,7 @@ WITH hosts AS (
     LEFT JOIN hosts d ON d.rank = i.dst_rank
     LEFT JOIN _collperf_links ls ON ls.rank = i.src_rank
     LEFT JOIN _collperf_links ld ON ld.rank = i.dst_rank
-    WHERE i.status = 'complete' AND i.num_members >= 2 AND a.n_aligned = a.n
+    WHERE i.status = 'complete' AND i.num_members >= 2 AND a.from_members = (i.first_arrival_ts_ns IS NULL)
 )
 SELECT $run_id, instance_id, op, pg_name, seq, is_p2p, step, num_members, bytes, timing,
     first_ns, last_ns, last_ns - first_ns, last_rank, end_ns, transfer_ns,

@@ -1,7 +1,7 @@
 """Which calls of different ranks are one collective or p2p instance, and which do not match?
 
 Reads collectives, steps, ranks; writes match_instances and match_members (definitions in
-match.sql). A member missing within the steps every member traced, or members that disagree on
+match.sql; the timing of instances on one clock from instance_times.sql). A member missing within the steps every member traced, or members that disagree on
 op, size or dtype, become findings: the first step towards diagnosing a hang.
 """
 
@@ -17,6 +17,7 @@ MAX_LISTED = 20  # seqs and steps named in one finding's evidence
 
 
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
+    run_sql(con, "instance_times.sql", run_id)
     run_sql(con, "match.sql", run_id)
     return Result(NAME, TABLES, _findings(con, run_id))
 

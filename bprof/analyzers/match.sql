@@ -17,6 +17,10 @@
 --   end of an asynchronous CPU call is when it was enqueued, not when it finished).
 -- * Expected members: the group's ranks (the ranks seen calling on the group when pg_ranks is
 --   unknown); for p2p, the sender and the receiver.
+-- * One clock: the expected members are on one host (a rank whose host is unknown is its own
+--   clock, as the clock analyzer counts them). Such an instance's timing (first and last arrival,
+--   the last rank, the members' wait, the common end; instance_times.sql) is exact on their own
+--   clock and kept here; collperf adds the host's offset instead of aggregating its members again.
 
 CREATE TABLE IF NOT EXISTS match_instances (
     run_id INTEGER NOT NULL,
@@ -39,11 +43,16 @@ CREATE TABLE IF NOT EXISTS match_instances (
     reason VARCHAR,
     dtype VARCHAR,
     bytes BIGINT,
-    timing VARCHAR NOT NULL
+    timing VARCHAR NOT NULL,
+    first_arrival_ts_ns BIGINT,
+    last_arrival_ts_ns BIGINT,
+    last_rank INTEGER,
+    wait_ns BIGINT,
+    end_ts_ns BIGINT
 );
 COMMENT ON TABLE match_instances IS 'One row per collective or p2p instance: the calls of its members matched by group and sequence number.';
 COMMENT ON COLUMN match_instances.run_id IS 'Run (runs.run_id).';
-COMMENT ON COLUMN match_instances.instance_id IS 'Instance key within the run: the group (or sender-receiver pair) and sequence number packed into one integer, so each member carries it without a join (ordered by group, then seq).';
+COMMENT ON COLUMN match_instances.instance_id IS 'Instance key within the run: the group (or sender-receiver pair) and sequence number packed into one integer, so each member carries it without a join (ordered by group, then seq); instance_id >> 36 is the same for every instance of a group (of a pair).';
 COMMENT ON COLUMN match_instances.op IS 'Canonical op of the collective (collectives.op), p2p for a send/recv pair, or the first in name order when members disagree.';
 COMMENT ON COLUMN match_instances.pg_name IS 'Process group name.';
 COMMENT ON COLUMN match_instances.pg_desc IS 'Process group description (of a member that traced one).';
@@ -63,6 +72,11 @@ COMMENT ON COLUMN match_instances.reason IS 'Why the instance is not complete, i
 COMMENT ON COLUMN match_instances.dtype IS 'Element type as traced (of a member that traced one).';
 COMMENT ON COLUMN match_instances.bytes IS 'Message size as nccl-tests counts it: all_gather and gather its output, reduce_scatter and scatter its input, all_reduce, broadcast, reduce and p2p the message, all_to_all the mean bytes a member sends; NULL when not traced (barrier: 0).';
 COMMENT ON COLUMN match_instances.timing IS 'device when every member has device (or gloo worker) timing, else cpu (some arrivals are CPU call starts, and ends are unknown).';
+COMMENT ON COLUMN match_instances.first_arrival_ts_ns IS 'Earliest member arrival on the members'' shared clock; NULL when they are not on one clock (hosts differ: collperf_instances has it on aligned clocks) or an arrival is unknown.';
+COMMENT ON COLUMN match_instances.last_arrival_ts_ns IS 'Latest member arrival on the members'' shared clock; NULL as first_arrival_ts_ns.';
+COMMENT ON COLUMN match_instances.last_rank IS 'The member that arrived last (the lowest rank on a tie), on the members'' shared clock; NULL as first_arrival_ts_ns.';
+COMMENT ON COLUMN match_instances.wait_ns IS 'Sum over the members of last_arrival_ts_ns - own arrival: rank-time spent waiting for the last peer; NULL as first_arrival_ts_ns.';
+COMMENT ON COLUMN match_instances.end_ts_ns IS 'Common end of the members'' device work on their shared clock (median up to 4 members, beyond that the mean without the earliest and latest end); NULL as first_arrival_ts_ns, or when a member has no end.';
 
 CREATE TABLE IF NOT EXISTS match_members (
     run_id INTEGER NOT NULL,
@@ -120,13 +134,22 @@ WITH g AS (
     WHERE run_id = $run_id AND pg_name IN (SELECT pg_name FROM g WHERE pg_ranks IS NULL)
     GROUP BY pg_name
 ), e AS (
-    SELECT g.*, coalesce(list_sort(g.pg_ranks), s.ranks) AS expected FROM g LEFT JOIN seen s USING (pg_name)
+    SELECT CAST(row_number() OVER (ORDER BY g.pg_name NULLS LAST, g.unnamed_ranks) AS BIGINT) AS gid, g.*,
+        coalesce(list_sort(g.pg_ranks), s.ranks) AS expected
+    FROM g LEFT JOIN seen s USING (pg_name)
+), clocks AS (
+    -- whether the expected ranks share one clock: one host (a rank without one is its own clock)
+    SELECT u.gid, count(DISTINCT coalesce(r.host, format('rank {}', u.rank))) = 1 AS one_clock
+    FROM (SELECT gid, unnest(expected) AS rank FROM e) u
+    LEFT JOIN ranks r ON r.run_id = $run_id AND r.rank = u.rank
+    GROUP BY u.gid
 )
-SELECT CAST(row_number() OVER (ORDER BY pg_name NULLS LAST, unnamed_ranks) AS BIGINT) AS gid, *,
+SELECT e.*,
     CASE WHEN len(expected) = 2 THEN expected[1] END AS pair_lo,
     CASE WHEN len(expected) = 2 THEN expected[2] END AS pair_hi,
-    list_reduce(list_transform(expected, lambda r: hash(r)), lambda a, b: xor(a, b)) AS expected_xor
-FROM e;
+    list_reduce(list_transform(expected, lambda r: hash(r)), lambda a, b: xor(a, b)) AS expected_xor,
+    coalesce(c.one_clock, false) AS one_clock
+FROM e LEFT JOIN clocks c USING (gid);
 
 -- Every call of run `rid` with its group, sender and receiver (p2p) and match number k: its seq,
 -- or without one 2^35 | step << 16 | the k-th call of the group (pair) in the step on this rank.
@@ -157,8 +180,11 @@ SELECT *, (1::BIGINT << 35) | ((coalesce(step, 524287) & 524287) << 16)
 FROM k WHERE seq IS NULL;
 
 CREATE OR REPLACE TEMP TABLE _match_pairs AS
-SELECT CAST(row_number() OVER (ORDER BY gid, src_rank, dst_rank) AS BIGINT) AS pair_id, gid, src_rank, dst_rank
-FROM (SELECT DISTINCT gid, src_rank, dst_rank FROM _match_base($run_id) WHERE is_p2p);
+SELECT CAST(row_number() OVER (ORDER BY p.gid, p.src_rank, p.dst_rank) AS BIGINT) AS pair_id, p.gid, p.src_rank, p.dst_rank,
+    coalesce(p.src_rank = p.dst_rank OR s.host = d.host, false) AS one_clock
+FROM (SELECT DISTINCT gid, src_rank, dst_rank FROM _match_base($run_id) WHERE is_p2p) p
+LEFT JOIN ranks s ON s.run_id = $run_id AND s.rank = p.src_rank
+LEFT JOIN ranks d ON d.run_id = $run_id AND d.rank = p.dst_rank;
 
 -- instance_id packs the match key into one BIGINT, so that a call finds its instance without a
 -- join: collectives gid << 36 | k, p2p 2^62 | pair << 36 | k (each below 2^26, k below 2^36).
@@ -178,19 +204,24 @@ LEFT JOIN _match_pairs p ON b.is_p2p AND p.gid = b.gid
 -- them all. Only the others are examined call by call. The group, the pair and is_p2p come from
 -- the instance key, not from aggregates over its 43 million calls at 10,240 ranks; the expected
 -- ranks stay in _match_groups (a list per instance would copy the group's ranks millions of times).
+-- The same GROUP BY gathers the instance's timing on own clocks (instance_times.sql), kept for the
+-- instances whose members share a clock: collperf need not group their members a second time.
 CREATE OR REPLACE TEMP TABLE _match_inst AS
 WITH agg AS (
     SELECT instance_id, any_value(seq) AS seq,
         count(*) AS num_members, min(step) AS step, max(step) AS max_step, count(step) < count(*) AS any_null_step,
         any_value(op) AS op, min(sig) <> max(sig) AS differ, bit_xor(hash(rank)) AS ranks_xor,
         any_value(dtype) AS dtype, max(in_bytes) AS in_bytes, max(out_bytes) AS out_bytes,
-        avg(in_bytes) AS mean_in_bytes, bool_and(on_device) AS on_device
+        avg(in_bytes) AS mean_in_bytes, bool_and(on_device) AS on_device,
+        count(arrival_ts_ns) AS n_arrivals, min(arrival_ts_ns) AS first_ts_ns, max(arrival_ts_ns) AS last_ts_ns,
+        max(it_arrival_key(arrival_ts_ns, rank)) AS last_key, sum(arrival_ts_ns) AS sum_arrival,
+        count(end_ts_ns) AS n_ends, sum(end_ts_ns) AS sum_end, min(end_ts_ns) AS min_end, max(end_ts_ns) AS max_end
     FROM (SELECT *, hash(CASE WHEN is_p2p THEN 'p2p' ELSE op END, cmp_elems, dtype) AS sig FROM _match_calls($run_id))
     GROUP BY instance_id
 ), keyed AS (
     -- the inverse of _match_calls' instance_id
     SELECT a.*, coalesce(p.gid, a.instance_id >> 36) AS gid, a.instance_id >= (1::BIGINT << 62) AS is_p2p,
-        p.src_rank, p.dst_rank
+        p.src_rank, p.dst_rank, p.one_clock AS pair_one_clock
     FROM agg a
     LEFT JOIN _match_pairs p ON a.instance_id >= (1::BIGINT << 62)
          AND p.pair_id = (a.instance_id >> 36) & ((1::BIGINT << 26) - 1)
@@ -199,11 +230,14 @@ WITH agg AS (
         CASE WHEN k.is_p2p THEN CASE WHEN k.src_rank IS NOT NULL AND k.dst_rank IS NOT NULL
                                      THEN CASE WHEN k.src_rank = k.dst_rank THEN 1 ELSE 2 END END
              ELSE len(g.expected) END AS num_expected,
-        CASE WHEN k.is_p2p THEN xor(hash(k.src_rank), hash(k.dst_rank)) ELSE g.expected_xor END AS expected_xor
+        CASE WHEN k.is_p2p THEN xor(hash(k.src_rank), hash(k.dst_rank)) ELSE g.expected_xor END AS expected_xor,
+        CASE WHEN k.is_p2p THEN coalesce(k.pair_one_clock, false) ELSE g.one_clock END AS one_clock
     FROM keyed k JOIN _match_groups g USING (gid)
 )
-SELECT * EXCLUDE (expected_xor),
-    coalesce(NOT differ AND num_members = num_expected AND ranks_xor = expected_xor, false) AS complete
+SELECT * EXCLUDE (expected_xor, pair_one_clock, last_key, sum_arrival, n_ends, sum_end, min_end, max_end),
+    coalesce(NOT differ AND num_members = num_expected AND ranks_xor = expected_xor, false) AS complete,
+    it_last_rank(last_key, last_ts_ns) AS last_rank, it_wait_ns(num_members, last_ts_ns, sum_arrival) AS wait_ns,
+    CASE WHEN n_ends = num_members THEN it_common_end(n_ends, sum_end, min_end, max_end) END AS end_ts_ns
 FROM expected;
 
 -- The instances that are not complete, call by call: who is there, what they disagree on, and
@@ -306,8 +340,12 @@ SELECT $run_id, p.instance_id,
              WHEN 'all_to_all' THEN round(p.mean_in_bytes)
              WHEN 'barrier' THEN 0
              ELSE coalesce(p.in_bytes, p.out_bytes) END END AS BIGINT),
-    CASE WHEN p.on_device THEN 'device' ELSE 'cpu' END
-FROM problems p JOIN _match_groups g USING (gid);
+    CASE WHEN p.on_device THEN 'device' ELSE 'cpu' END,
+    CASE WHEN p.own_clock THEN p.first_ts_ns END, CASE WHEN p.own_clock THEN p.last_ts_ns END,
+    CASE WHEN p.own_clock THEN p.last_rank END, CASE WHEN p.own_clock THEN p.wait_ns END,
+    CASE WHEN p.own_clock THEN p.end_ts_ns END
+FROM (SELECT *, one_clock AND len(extra) = 0 AND n_arrivals = num_members AS own_clock FROM problems) p
+JOIN _match_groups g USING (gid);
 
 INSERT INTO match_members
 SELECT $run_id, instance_id, rank, call_index, step, arrival_ts_ns, end_ts_ns

@@ -38,15 +38,18 @@ def test_skew_waits_transfer_and_bandwidth_of_one_all_reduce_are_exact(tmp_path,
         == [(0, 1, 100, 400), (1, 1, 150, 400)]
 
 
-def test_common_end_of_five_members_rounds_toward_zero_before_the_epoch_too(tmp_path, monkeypatch):
+def test_common_end_of_five_members_rounds_down_before_the_epoch_too(tmp_path, monkeypatch):
     con, run_id = _one_host(tmp_path, n=5)
     ends = [-1000, -998, -997, -997, -990]
     add_calls(con, run_id, [{"rank": r, "op": "all_reduce", "pg_ranks": list(range(5)), "seq": 1, "step": 1,
                              "arrival": -2000 - r, "end": e} for r, e in enumerate(ends)])
     crossrank(con, run_id, monkeypatch, CROSSRANK)
     [i] = rows(con, "SELECT end_aligned_ns, transfer_ns FROM collperf_instances")
-    # the mean without the earliest and the latest end, -2992 / 3 = -997.3, as an integer division: -997
-    assert (i["end_aligned_ns"], i["transfer_ns"]) == (-997, 1003)
+    # the mean without the earliest and the latest end, -2992 / 3 = -997.3, rounded down (so that an
+    # offset added to every end adds to it exactly): -998
+    assert (i["end_aligned_ns"], i["transfer_ns"]) == (-998, 1002)
+    [m] = rows(con, "SELECT end_ts_ns, last_arrival_ts_ns, last_rank, wait_ns FROM match_instances")
+    assert (m["end_ts_ns"], m["last_arrival_ts_ns"], m["last_rank"], m["wait_ns"]) == (-998, -2000, 0, 1 + 2 + 3 + 4)
 
 
 def test_busbw_factors_follow_nccl_tests_and_ties_name_the_lowest_rank(tmp_path, monkeypatch):
@@ -196,6 +199,48 @@ def test_last_rank_is_the_planted_last_wherever_the_arrivals_tell_it_apart(synth
     # the slow rank (3) arrives last at nearly every collective it shares with its TP and DP peers
     with_3 = [got for c, got in clear if 3 in c["ranks"] and c["op"] != "p2p"]
     assert len(with_3) > 50 and with_3.count(3) >= 0.9 * len(with_3)
+
+
+def _timing(members):
+    """(first, last, last rank, wait, common end) of (rank, arrival, end) members on one clock, by the
+    definitions of instance_times.sql: ties name the lowest rank; the end is the median up to 4 members,
+    beyond that the mean without the earliest and latest end, rounded down."""
+    first, last = min(a for _, a, _ in members), max(a for _, a, _ in members)
+    ends = sorted(e for _, _, e in members)
+    if None in ends:
+        end = None
+    else:
+        kept = ends if len(ends) <= 2 else ends[1:-1]
+        end = sum(kept) // len(kept) if len(ends) > 4 else (kept[(len(kept) - 1) // 2] + kept[len(kept) // 2]) // 2 \
+            if len(kept) % 2 == 0 else kept[len(kept) // 2]
+    return first, last, min(r for r, a, _ in members if a == last), sum(last - a for _, a, _ in members), end
+
+
+def test_one_clock_instances_take_matchs_timing_plus_the_offset_and_the_rest_their_members(synthetic):
+    # two hosts 350 us apart: tensor-parallel instances within a host come from match's own-clock
+    # timing plus the host's offset, the others from their members' aligned times; both must be what
+    # the members say
+    con, run_id, _ = synthetic
+    members, own = {}, {}
+    for inst, rank, arrival, end, a_own, e_own in con.execute(
+            """SELECT instance_id, rank, arrival_aligned_ns, end_aligned_ns, arrival_ts_ns, end_ts_ns
+               FROM match_members_aligned WHERE run_id = ?""", [run_id]).fetchall():
+        members.setdefault(inst, []).append((rank, arrival, end))
+        own.setdefault(inst, []).append((rank, a_own, e_own))
+    hosts = dict(con.execute("SELECT rank, host FROM ranks WHERE run_id = ?", [run_id]).fetchall())
+    one_host = {i: len({hosts[r] for r, _, _ in m}) == 1 for i, m in members.items()}
+    assert 0 < sum(one_host.values()) < len(one_host)
+    for i in rows(con, """SELECT instance_id, first_arrival_ts_ns, last_arrival_ts_ns, last_rank, wait_ns, end_ts_ns
+                          FROM match_instances WHERE run_id = ?""", run_id):
+        got = (i["first_arrival_ts_ns"], i["last_arrival_ts_ns"], i["last_rank"], i["wait_ns"], i["end_ts_ns"])
+        assert got == (_timing(own[i["instance_id"]]) if one_host[i["instance_id"]] else (None,) * 5)
+    checked = 0
+    for c in rows(con, """SELECT instance_id, first_arrival_aligned_ns, last_arrival_aligned_ns, last_rank, wait_ns,
+                                 end_aligned_ns FROM collperf_instances WHERE run_id = ?""", run_id):
+        got = (c["first_arrival_aligned_ns"], c["last_arrival_aligned_ns"], c["last_rank"], c["wait_ns"], c["end_aligned_ns"])
+        assert got == _timing(members[c["instance_id"]])
+        checked += 1
+    assert checked == len(members)
 
 
 def test_busbw_is_compared_with_nvlink_within_a_host_and_the_given_nic_across_hosts(tmp_path, monkeypatch):
