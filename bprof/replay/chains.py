@@ -29,15 +29,25 @@ _EXCLUDED_OPS = frozenset({
     "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::scaled_dot_product_attention", "aten::embedding"})
 
 _TOP_NODES_SQL = """
-WITH tops AS (
+WITH ops AS (
+    -- the Kineto side of each execution trace op node: same rank, record function id and name
+    SELECT rank, name, CAST(args ->> '$."Record function id"' AS BIGINT) AS rf_id, step, ts_ns, dur_ns, external_id
+    FROM events WHERE run_id = $run_id AND kind = 'cpu_op'),
+tops AS (
+    -- top level: the node's parent is no op (a record_function range, the thread's root), or the
+    -- parent link is wrong: the parent op's traced interval does not hold the node's start. Torch's
+    -- observer can leave an op of one thread open as the parent of what follows (seen on a 2-rank DDP
+    -- run: a backward aten::as_strided adopted the next step's forward ops).
     SELECT n.rank, n.tid, n.node_id, n.name, n.rf_id, n.op_schema, CAST(n.inputs AS VARCHAR) AS inputs,
            CAST(n.outputs AS VARCHAR) AS outputs
     FROM exec_nodes n
     LEFT JOIN exec_nodes p ON p.run_id = n.run_id AND p.rank = n.rank AND p.node_id = n.parent_id
-    WHERE n.run_id = $run_id AND n.op_schema IS NOT NULL AND p.op_schema IS NULL),
+    LEFT JOIN ops po ON po.rank = p.rank AND po.rf_id = p.rf_id AND po.name = p.name
+    LEFT JOIN ops o ON o.rank = n.rank AND o.rf_id = n.rf_id AND o.name = n.name
+    WHERE n.run_id = $run_id AND n.op_schema IS NOT NULL
+      AND (p.op_schema IS NULL OR NOT (o.ts_ns BETWEEN po.ts_ns AND po.ts_ns + po.dur_ns))),
 ev AS (
-    SELECT rank, name, CAST(args ->> '$."Record function id"' AS BIGINT) AS rf_id, step, dur_ns, external_id
-    FROM events WHERE run_id = $run_id AND kind = 'cpu_op' AND step IS NOT NULL),
+    SELECT * FROM ops WHERE step IS NOT NULL),
 dev AS (
     SELECT rank, external_id, sum(dur_ns) AS device_ns FROM events
     WHERE run_id = $run_id AND kind = 'kernel' AND external_id IS NOT NULL GROUP BY ALL)

@@ -57,6 +57,29 @@ def test_execution_traces_are_ingested_and_every_op_joins_its_kineto_event(gelu_
         con.close()
 
 
+def test_a_wrong_parent_link_in_the_execution_trace_does_not_hide_a_step_of_the_chain(gelu_run, tmp_path):
+    # what torch's execution trace observer once wrote on rank 0 of this run (CI, 2026-11-30): an op of
+    # the previous step's backward left open as the parent of every top-level op of the next step
+    path = tmp_path / "wrong_parent.duckdb"
+    shutil.copy(gelu_run, path)
+    con = open_store(path)
+    try:
+        step_of = """JOIN events e ON e.run_id = n.run_id AND e.rank = n.rank AND e.kind = 'cpu_op' AND e.name = n.name
+                     AND CAST(e.args ->> '$."Record function id"' AS BIGINT) = n.rf_id"""
+        [(stale,)] = con.execute(f"SELECT n.node_id FROM exec_nodes n {step_of} "
+                                 "WHERE n.rank = 0 AND e.step = 3 AND n.name = 'aten::tanh'").fetchall()
+        [(moved,)] = con.execute(f"""
+            UPDATE exec_nodes SET parent_id = ? WHERE rank = 0 AND node_id IN (
+                SELECT n.node_id FROM exec_nodes n {step_of}
+                JOIN exec_nodes p ON p.run_id = n.run_id AND p.rank = n.rank AND p.node_id = n.parent_id
+                WHERE n.rank = 0 AND e.step = 4 AND n.op_schema IS NOT NULL AND p.op_schema IS NULL)""",
+                                 [stale]).fetchall()
+        chain = _gelu_chain(con)
+    finally:
+        con.close()
+    assert moved >= len(GELU_OPS) and chain.calls_per_step == 1 and len(chain.traced_ns) == 3
+
+
 def test_the_eager_gelu_is_one_chain_per_step_rebuilt_exactly(gelu_run):
     con = open_store(gelu_run, read_only=True)
     try:
