@@ -27,6 +27,10 @@ run has a healthy (or other-count) run recorded next to it under the same load: 
 compared with its own round's run, and printed per round with the median and range over rounds,
 beside the noise, the spread of the same configuration's measured step over the rounds.
 
+Every recording, analysis and prediction runs from a copy of bprof/ and examples/ taken when the
+script starts (benchmarks/_code.py): editing the tree during a 30-round run does not reach it. The
+commit (marked +uncommitted when those folders differed from it) is printed and in --json's "code".
+
 Scale: bprof.synth.fleet runs (TP8 x PP8 x DP(N/64), 16 micro-batches of 1F1B, one step, rank 333
 1.3x slower) analysed, then `whatif` timed: the unchanged replay alone, and with no-stragglers.
 """
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -46,6 +49,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _code import child_env, describe, snapshot  # noqa: E402  (benchmarks/_code.py)
+
+CODE = ROOT  # replaced in main() by a copy of bprof/ and examples/ taken at the start
 
 SLOW_MS = 300
 STALL_MS = 100
@@ -57,9 +64,9 @@ def record(out: Path, name: str, extra: list[str]) -> Path:
     db = out / f"{name}.duckdb"
     cmd = [sys.executable, "-m", "bprof.cli.main", "record", "--out", str(out / name), "--db", str(db), "--name", name,
            "--steps", "3:9", "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "examples" / "train_gpt.py"), *ARGS, *extra]
+           str(CODE / "examples" / "train_gpt.py"), *ARGS, *extra]
     for attempt in range(2):  # torch 2.13 + gloo can abort a rank at interpreter exit (README): rerun once
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=out, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=out, env=child_env(CODE, OMP_NUM_THREADS="1"))
         if done.returncode == 0:
             break
         shutil.rmtree(out / name, ignore_errors=True)
@@ -67,7 +74,7 @@ def record(out: Path, name: str, extra: list[str]) -> Path:
     if done.returncode != 0:
         raise SystemExit(f"recording {name} failed:\n{done.stderr[-3000:]}")
     analysed = subprocess.run([sys.executable, "-m", "bprof.cli.main", "analyze", "--db", str(db), "--json"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, cwd=out, env=child_env(CODE))
     if analysed.returncode != 0:
         raise SystemExit(f"analysing {name} failed:\n{analysed.stderr[-3000:]}")
     return db
@@ -253,7 +260,10 @@ def main() -> None:
     a = ap.parse_args()
     out = a.dir or Path(tempfile.mkdtemp(prefix="bprof-whatif-"))
     out.mkdir(parents=True, exist_ok=True)
-    results = {}
+    global CODE
+    results = {"code": describe(ROOT)}
+    CODE = snapshot(ROOT, out)  # edits to the tree from now on do not reach this run
+    print(f"bprof {results['code']}, run from a copy in {CODE}", flush=True)
     try:
         cases = set(a.cases.split(","))
         if not a.skip_accuracy and a.rounds > 1:
