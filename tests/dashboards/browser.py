@@ -128,6 +128,7 @@ def transferred_bytes(driver) -> int:
 def choose(driver, control_id: str, label: str) -> None:
     """Pick the option labelled `label` in a dcc.Dropdown as a user does: open it, search, click it,
     close it (Dash 4's dropdown: a button that opens a popover with a search box and options)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -136,13 +137,18 @@ def choose(driver, control_id: str, label: str) -> None:
     search.send_keys(label)
     deadline = time.monotonic() + 10
     while True:
-        options = [o for o in driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-content [role=option]")
-                   if o.text.strip() == label]
-        if options or time.monotonic() > deadline:
-            break
+        try:
+            options = [o for o in driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-content [role=option]")
+                       if o.text.strip() == label]
+            if options:
+                options[0].click()
+                break
+        except StaleElementReferenceException:
+            # the list re-rendered (the search filtering it) between finding an option and reading or
+            # clicking it: find it again (CI, 2026-11-30)
+            pass
+        assert time.monotonic() < deadline, f"no option {label!r} in #{control_id}"
         time.sleep(0.1)
-    assert options, f"no option {label!r} in #{control_id}"
-    options[0].click()
     if driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-content"):
         search.send_keys(Keys.ESCAPE)
 
