@@ -152,7 +152,14 @@ SELECT e.*,
 FROM e LEFT JOIN clocks c USING (gid);
 
 -- Every call of run `rid` with its group, sender and receiver (p2p) and match number k: its seq,
--- or without one 2^35 | step << 16 | the k-th call of the group (pair) in the step on this rank.
+-- or without one 2^35 | slot << 20 | the k-th call of the group (pair) in the step on this rank,
+-- where slot is the step's place among the run's steps (_match_slots; 0 outside every step), so
+-- that k stays below 2^36 whatever the step numbers. Every operand is BIGINT from the start:
+-- DuckDB checks INTEGER shifts and raised on the first call outside every step.
+CREATE OR REPLACE TEMP TABLE _match_slots AS
+SELECT step, CAST(row_number() OVER (ORDER BY step) AS BIGINT) AS slot
+FROM (SELECT DISTINCT step FROM collectives WHERE run_id = $run_id AND seq IS NULL AND step IS NOT NULL);
+
 CREATE OR REPLACE TEMP MACRO _match_base(rid) AS TABLE
 WITH c AS (
     SELECT c.*, g.gid, g.pair_lo, g.pair_hi FROM collectives c JOIN _match_groups g ON g.pg_name = c.pg_name
@@ -175,9 +182,16 @@ WITH c AS (
 )
 SELECT *, seq AS k FROM k WHERE seq IS NOT NULL
 UNION ALL
-SELECT *, (1::BIGINT << 35) | ((coalesce(step, 524287) & 524287) << 16)
-          | row_number() OVER (PARTITION BY rank, gid, src_rank, dst_rank, step ORDER BY call_index) AS k
-FROM k WHERE seq IS NULL;
+SELECT * EXCLUDE (slot, nth),
+    CASE WHEN slot >= (1::BIGINT << 15) OR nth >= (1::BIGINT << 20)
+         THEN error('match: more than 32,767 steps, or 1,048,575 calls of one group in a step, without sequence numbers')
+         ELSE (1::BIGINT << 35) | (slot << 20) | nth END AS k
+FROM (
+    SELECT k.*, coalesce(s.slot, 0::BIGINT) AS slot,
+        CAST(row_number() OVER (PARTITION BY k.rank, k.gid, k.src_rank, k.dst_rank, k.step ORDER BY k.call_index) AS BIGINT) AS nth
+    FROM k LEFT JOIN _match_slots s ON s.step = k.step
+    WHERE k.seq IS NULL
+);
 
 CREATE OR REPLACE TEMP TABLE _match_pairs AS
 SELECT CAST(row_number() OVER (ORDER BY p.gid, p.src_rank, p.dst_rank) AS BIGINT) AS pair_id, p.gid, p.src_rank, p.dst_rank,
@@ -187,10 +201,11 @@ LEFT JOIN ranks s ON s.run_id = $run_id AND s.rank = p.src_rank
 LEFT JOIN ranks d ON d.run_id = $run_id AND d.rank = p.dst_rank;
 
 -- instance_id packs the match key into one BIGINT, so that a call finds its instance without a
--- join: collectives gid << 36 | k, p2p 2^62 | pair << 36 | k (each below 2^26, k below 2^36).
+-- join: collectives gid << 36 | k, p2p 2^62 | pair << 36 | k (each below 2^26, k below 2^36;
+-- a seq below 2^35, where the keys of calls without one begin).
 CREATE OR REPLACE TEMP MACRO _match_calls(rid) AS TABLE
 SELECT b.*,
-    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
+    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR (b.seq IS NOT NULL AND b.k >= (1::BIGINT << 35)) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
          THEN error('match: a sequence number, group or pair count beyond the instance key''s range')
          WHEN b.is_p2p THEN (1::BIGINT << 62) | (p.pair_id << 36) | b.k
          ELSE (b.gid << 36) | b.k END AS instance_id

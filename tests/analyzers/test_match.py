@@ -226,6 +226,29 @@ def test_a_traceless_rank_cuts_and_calls_without_group_are_not_measurable(tmp_pa
     assert severity == "not_measurable" and title.startswith("1 collective calls have no process group")
 
 
+def test_calls_outside_every_step_without_seq_match_in_order(tmp_path, monkeypatch):
+    """The B200 vLLM TP=8 trace: collectives outside every ProfilerStep and without Seq crashed
+    match with an INTEGER overflow (524287 << 16); they are matched by order on each rank."""
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=2)
+    add_calls(con, run_id, [{"rank": r, "op": "all_gather", "step": None, "arrival": 100 * i + r}
+                            for i in range(3) for r in range(2)])
+    crossrank(con, run_id, monkeypatch)
+    assert _instances(con, run_id) == [("all_gather", None, None, None, None, 2, "complete", [], [])] * 3
+    assert [r["first_arrival_ts_ns"] for r in rows(con, "SELECT * FROM match_instances ORDER BY instance_id")] \
+        == [0, 100, 200]
+
+
+def test_large_step_numbers_without_seq_keep_each_step_apart(tmp_path, monkeypatch):
+    """Step numbers past 2^19 (a long job profiled late) once wrapped into another step's key."""
+    steps = (1_000_000, 1_000_000 + 524_288)  # equal modulo 2^19
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=2,
+                             steps=[(r, s, i * 1000, 1000) for r in range(2) for i, s in enumerate(steps)])
+    add_calls(con, run_id, [{"rank": r, "op": "all_reduce", "step": s, "arrival": i * 1000 + 10 + r,
+                             "in_elems": 100 * (i + 1)} for r in range(2) for i, s in enumerate(steps)])
+    crossrank(con, run_id, monkeypatch)
+    assert _instances(con, run_id) == [("all_reduce", None, None, None, s, 2, "complete", [], []) for s in steps]
+
+
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     from bprof.synth import Fault, Scenario
