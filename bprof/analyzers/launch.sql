@@ -4,7 +4,9 @@
 --
 -- Definitions:
 -- * A launch is a CUDA/HIP runtime or driver call whose correlation id some device op (kernel,
---   memcpy, memset) carries. A graph launch ($graph_launch_names, from
+--   memcpy, memset) carries: NCCL >= 2.27 and Triton launch through the driver API
+--   (cuLaunchKernelEx, cuLaunchKernel); one launch per correlation id, the earliest call holding
+--   it (a driver call nested in a runtime call with the same id is the same launch). A graph launch ($graph_launch_names, from
 --   bprof.kernels.classify.is_graph_launch) shares its correlation with every kernel it replays.
 -- * Launch latency = start of the first kernel of a launch - start of the launch call, per kernel
 --   launch. Small latencies mean the device waits for each launch; large ones mean the host runs
@@ -65,6 +67,7 @@ WITH calls AS (
     FROM events e JOIN timeline_spans s ON s.run_id = e.run_id AND s.rank = e.rank
          AND e.ts_ns >= s.ts_ns AND e.ts_ns < s.ts_ns + s.dur_ns
     WHERE e.run_id = $run_id AND e.kind IN ('cuda_runtime', 'cuda_driver') AND e.correlation IS NOT NULL
+    QUALIFY row_number() OVER (PARTITION BY e.rank, e.correlation ORDER BY e.ts_ns, e.kind DESC) = 1
 ), targets AS (
     SELECT e.rank, e.correlation, min(e.ts_ns) FILTER (WHERE e.kind = 'kernel') AS first_kernel_ts_ns,
         count(*) FILTER (WHERE e.kind = 'kernel') AS num_kernels

@@ -7,7 +7,7 @@
 --    a record_param_comms named wait nor, in older traces, a bare one that launches nothing.
 -- 2. Its parts are the record_param_comms ops nested in it (same thread, inside its interval):
 --    they carry op, sizes, dtype and process group on NCCL traces; a coalesced call has several.
--- 3. Its device work is the NCCL kernels launched inside its interval (runtime call on the same
+-- 3. Its device work is the NCCL kernels launched inside its interval (launch call on the same
 --    thread, joined to the kernel by correlation id), else the gloo:* ranges nested in it, else
 --    gloo:* ranges on gloo worker threads matched in order: the k-th unlinked range of an op to
 --    the k-th unlinked call of that op on the rank, only when their counts agree.
@@ -99,8 +99,12 @@ WITH ev AS (
     FROM ev
     WHERE kind = 'kernel' AND (lower(name) LIKE 'nccl%' OR lower(name) LIKE 'rccl%')
 ), launches AS (
+    -- runtime or driver calls: NCCL >= 2.27 on CUDA 12.9+ launches with cuLaunchKernelEx
+    -- (cuda_driver); one launch per correlation id, the earliest (a call nested in another with
+    -- the same id must not link its kernel twice)
     SELECT rank, tid, ts_ns, correlation FROM ev
-    WHERE kind = 'cuda_runtime' AND correlation IN (SELECT correlation FROM comm_kernels)
+    WHERE kind IN ('cuda_runtime', 'cuda_driver') AND correlation IN (SELECT correlation FROM comm_kernels)
+    QUALIFY row_number() OVER (PARTITION BY rank, correlation ORDER BY ts_ns, tid) = 1
 ), call_kernels AS (
     SELECT c.cid, k.kid, k.ts_ns, k.dur_ns, k.name
     FROM launches l

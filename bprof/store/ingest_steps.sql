@@ -3,9 +3,10 @@
 -- Steps are the ProfilerStep#N ranges on the CPU; a step seen on several threads (or split by
 -- a profiler restart) spans from its first start to its last end.
 -- Algorithm: a CPU event belongs to the step whose [ts, ts + dur) holds its start (ASOF join on
--- the step start). A GPU event belongs to the step of the runtime call that launched it (same
--- correlation id), since kernels often run after their step's CPU range has ended; GPU events
--- with no launch found fall back to the time rule.
+-- the step start). A GPU event belongs to the step of the runtime or driver call that launched
+-- it (same correlation id; NCCL >= 2.27 and Triton launch through the driver API), since kernels
+-- often run after their step's CPU range has ended; GPU events with no launch found fall back to
+-- the time rule.
 CREATE OR REPLACE TEMP TABLE _batch_steps AS
 SELECT rank,
        CAST(substr(name, 14) AS INTEGER) AS step,
@@ -35,7 +36,7 @@ FROM (
     SELECT rank, correlation, min(step) AS step
     FROM events
     WHERE run_id = $run_id AND rank IN (SELECT rank FROM _batch_files)
-      AND kind = 'cuda_runtime' AND correlation IS NOT NULL AND step IS NOT NULL
+      AND kind IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL AND step IS NOT NULL
     GROUP BY ALL
 ) l
 WHERE e.run_id = $run_id AND e.device IS NOT NULL AND e.rank = l.rank AND e.correlation = l.correlation;

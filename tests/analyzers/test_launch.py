@@ -57,6 +57,23 @@ def test_launch_statistics_are_exact(tmp_path):
     assert con.execute("SELECT count(*) FROM findings WHERE run_id = ? AND analyzer = 'launch'", [run_id]).fetchone()[0] == 0
 
 
+def test_driver_api_launches_are_launches_once_per_correlation(tmp_path):
+    """NCCL 2.27 and Triton launch through the driver API (cuda_driver rows, as on the B200 vLLM
+    trace); a driver call nested in a runtime call with the same correlation id is one launch."""
+    driver = {"kind": "cuda_driver", "dur_ns": 2 * US}
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=[(0, 1, 0, 1000 * US)], events=[
+        _launch("cudaLaunchKernel", 0, 1), _kernel("sm100_xmma_gemm_bf16", 5 * US, 50 * US, 1),
+        {**driver, "name": "cuLaunchKernelEx", "ts_ns": 60 * US, "correlation": 2},
+        _kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 62 * US, 100 * US, 2),
+        _launch("cudaLaunchKernelExC", 200 * US, 3), {**driver, "name": "cuLaunchKernelEx", "ts_ns": 201 * US, "correlation": 3},
+        _kernel("triton_poi_fused_add_0", 208 * US, 20 * US, 3),
+    ])
+    analysis.analyze_run(con, run_id, Options())
+    row = _row(con, run_id)
+    assert (row["num_kernels"], row["num_launches"], row["median_launch_latency_ns"], row["p95_launch_latency_ns"]) \
+        == (3, 3, 5 * US, 8 * US)
+
+
 def test_a_tiny_kernel_storm_costs_its_gaps(tmp_path):
     n, period = 200, 20 * US
     events = []

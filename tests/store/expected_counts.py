@@ -14,7 +14,8 @@ from pathlib import Path
 
 CPU_CATS = {"cpu_op", "Operator", "user_annotation"}
 KERNEL_CATS = {"kernel", "Kernel"}
-RUNTIME_CATS = {"cuda_runtime", "Runtime"}
+# a launch: a runtime call, or a driver call (NCCL >= 2.27 and Triton launch through cuLaunchKernel*)
+LAUNCH_CATS = {"cuda_runtime", "Runtime", "cuda_driver"}
 
 
 def load(path: Path) -> dict:
@@ -48,7 +49,10 @@ def expected(path: Path) -> dict:
     c10d = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("c10d::") and "wait" not in e["name"]]
     calls = Counter(op_of(e["name"]) for e in c10d)
     # NCCL kernels whose launch is not inside any c10d call of the same thread: kernel-only rows
-    launches = {e["args"]["correlation"]: e for e in events if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})}
+    launches = {}
+    for e in sorted((e for e in events if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})),
+                    key=lambda e: -e["ts"]):
+        launches[e["args"]["correlation"]] = e  # the earliest call of a correlation id
     for k in kernels:
         if not k["name"].lower().startswith("nccl"):
             continue
@@ -61,6 +65,21 @@ def expected(path: Path) -> dict:
         for e in events:
             if e.get("cat") == "user_annotation" and e["name"].startswith("gloo:"):
                 calls[op_of(e["name"])] += 1
+    # a kernel's step: its launch's, when the launch lies in a step; else the step holding its start
+    ranges = {}
+    for e in events:
+        if e.get("cat") in CPU_CATS and str(e.get("name", "")).startswith("ProfilerStep#"):
+            lo, hi = ranges.get(e["name"], (e["ts"], e["ts"] + e["dur"]))
+            ranges[e["name"]] = (min(lo, e["ts"]), max(hi, e["ts"] + e["dur"]))
+
+    def step_at(ts):
+        return next((int(name[13:]) for name, (lo, hi) in ranges.items() if lo <= ts < hi), None)
+
+    kernel_steps = Counter()
+    for k in kernels:
+        launch = launches.get(k["args"].get("correlation"))
+        launch_step = step_at(launch["ts"]) if launch is not None else None
+        kernel_steps[launch_step if launch_step is not None else step_at(k["ts"])] += 1
     waits = sum(1 for e in events if e.get("name") == "record_param_comms"
                 and (e.get("args") or {}).get("Collective name") == "wait")
     return {
@@ -72,4 +91,5 @@ def expected(path: Path) -> dict:
         "num_kernels": len(kernels),
         "collectives": dict(calls),
         "num_wait_records": waits,
+        "kernel_steps": dict(kernel_steps),
     }

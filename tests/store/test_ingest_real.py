@@ -38,6 +38,8 @@ def test_real_trace_matches_independent_counts(store, folder):
                          [run]).fetchone()[0] == want["num_kernels"]
     got = dict(store.execute("SELECT op, count(*) FROM collectives WHERE run_id = ? GROUP BY op", [run]).fetchall())
     assert got == want["collectives"]
+    assert dict(store.execute("SELECT step, count(*) FROM events WHERE run_id = ? AND kind = 'kernel' GROUP BY step",
+                              [run]).fetchall()) == want["kernel_steps"]
 
 
 def test_a100_ddp_has_15_all_reduce_and_6_broadcast_and_waits_are_not_collectives(store):
@@ -82,7 +84,7 @@ def test_gpu_events_take_the_step_of_their_launch(store):
     [result] = ingest_paths(store, [path])
     mismatched = store.execute("""
         SELECT count(*) FROM events k JOIN events l
-          ON l.run_id = k.run_id AND l.kind = 'cuda_runtime' AND l.correlation = k.correlation
+          ON l.run_id = k.run_id AND l.kind IN ('cuda_runtime', 'cuda_driver') AND l.correlation = k.correlation
         WHERE k.run_id = ? AND k.kind = 'kernel' AND l.step IS NOT NULL AND k.step IS DISTINCT FROM l.step""",
         [result.run_id]).fetchone()[0]
     assert mismatched == 0
