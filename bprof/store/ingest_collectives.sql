@@ -53,18 +53,22 @@ CREATE OR REPLACE TEMP MACRO bprof_dtype_bytes(dtype) AS CASE lower(regexp_repla
 CREATE OR REPLACE TEMP MACRO bprof_nccl_reduction_dtype(kernel_name) AS nullif(regexp_extract(kernel_name,
     '^nccl(?:Dev)?Kernel_(?:AllReduce|ReduceScatter|Reduce)_.*?_(?:Sum|Prod|Min|Max|Avg|PreMulSum|SumPostDiv)_([A-Za-z0-9]+?)(?:_t)?(?:[_(]|$)', 1), '');
 
+CREATE OR REPLACE TEMP MACRO bprof_first_tensor_type(args) AS CASE
+    WHEN args ->> '$."Input type"[0]' NOT IN ('', 'Scalar', 'TensorList', 'GenericList')
+        THEN args ->> '$."Input type"[0]' END;
+
 -- Elements of the first tensor argument from Input Dims: a tensor's dims, or a TensorList's.
+-- Format trap: 2023 traces (the A100 16-rank job) write a TensorList as [] without its tensors'
+-- dims: that is unknown (NULL), not one element. Only a tensor type makes dims [] a 0-d tensor.
 CREATE OR REPLACE TEMP MACRO bprof_first_arg_elems(args) AS CASE
     WHEN json_type(args, '$."Input Dims"[0][0]') = 'ARRAY'
         THEN list_sum(list_transform(TRY_CAST(args -> '$."Input Dims"[0]' AS BIGINT[][]),
                                      lambda d: coalesce(list_aggregate(d, 'product'), 1)))
     WHEN json_type(args, '$."Input Dims"[0]') = 'ARRAY'
+         AND (json_array_length(args, '$."Input Dims"[0]') > 0 OR bprof_first_tensor_type(args) IS NOT NULL)
+         AND coalesce(args ->> '$."Input type"[0]', '') NOT IN ('TensorList', 'GenericList')
         THEN coalesce(list_aggregate(TRY_CAST(args -> '$."Input Dims"[0]' AS BIGINT[]), 'product'), 1)
     END;
-
-CREATE OR REPLACE TEMP MACRO bprof_first_tensor_type(args) AS CASE
-    WHEN args ->> '$."Input type"[0]' NOT IN ('', 'Scalar', 'TensorList', 'GenericList')
-        THEN args ->> '$."Input type"[0]' END;
 
 INSERT INTO collectives
 WITH ev AS (

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -32,6 +33,20 @@ def op_of(name: str) -> str:
         if key.startswith(prefix):
             return op
     return "unknown"
+
+
+def first_input_elems(args: dict) -> int | None:
+    """Elements of a CPU op's first input from Input Dims/Input type; None when the trace does not
+    say (a TensorList recorded without its tensors' dims, or no shapes at all)."""
+    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+    if not dims or not isinstance(dims[0], list):
+        return None
+    first, kind = dims[0], (types[0] if types else None)
+    if kind in ("TensorList", "GenericList") or (first and isinstance(first[0], list)):
+        return sum(math.prod(d) for d in first) if first else None
+    if not first and kind in (None, "", "Scalar"):
+        return None
+    return math.prod(first)  # a 0-d tensor (dims []) holds one element
 
 
 def expected(path: Path) -> dict:
@@ -80,6 +95,14 @@ def expected(path: Path) -> dict:
         launch = launches.get(k["args"].get("correlation"))
         launch_step = step_at(launch["ts"]) if launch is not None else None
         kernel_steps[launch_step if launch_step is not None else step_at(k["ts"])] += 1
+    # input elements of each c10d call: its first nested record_param_comms' In msg nelems, else its shapes
+    rpcs = [e for e in events if e.get("name") == "record_param_comms" and e.get("ph") == "X"]
+    c10d_elems = Counter()
+    for c in c10d:
+        inner = sorted((r for r in rpcs if r["tid"] == c["tid"] and c["ts"] <= r["ts"]
+                        and r["ts"] + r["dur"] <= c["ts"] + c["dur"]), key=lambda r: r["ts"])
+        nelems = (inner[0].get("args") or {}).get("In msg nelems") if inner else None
+        c10d_elems[(op_of(c["name"]), nelems if nelems is not None else first_input_elems(c.get("args") or {}))] += 1
     waits = sum(1 for e in events if e.get("name") == "record_param_comms"
                 and (e.get("args") or {}).get("Collective name") == "wait")
     return {
@@ -92,4 +115,5 @@ def expected(path: Path) -> dict:
         "collectives": dict(calls),
         "num_wait_records": waits,
         "kernel_steps": dict(kernel_steps),
+        "c10d_elems": dict(c10d_elems),
     }

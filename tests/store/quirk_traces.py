@@ -57,6 +57,7 @@ def _trace(rank: int, world_size: int, events: list[dict], device: str, nccl_ver
                             "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
                                            "pg_size": len(pg_ranks), "ranks": pg_ranks}],
                             "nccl_version": nccl_version},
+        "host_name": "node0",
         "traceEvents": events,
         "traceName": "quirk",
         "displayTimeUnit": "ms",
@@ -91,3 +92,23 @@ def b200_vllm_tp8_driver_launch(rank: int, world_size: int = 8, steps=(1, 2)) ->
         b.launch("cuLaunchKernelEx", t0 + 1010, "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
                  t0 + 5700, 400.0, stream=NCCL_STREAM, kernel_args=args)
     return _trace(rank, world_size, b.events, "NVIDIA B200", "2.27.3", ranks)
+
+
+def a100_ws16_empty_tensorlist(rank: int, world_size: int = 2) -> dict:
+    """The 2023 A100 16-rank trace's sizes: absolute us, record_param_comms without arguments, and
+    `c10d::allreduce_` whose TensorList input is written as `[]` (its tensors' dims not recorded)
+    beside one written in full. (The original has no pg_config; one group is declared here so
+    that the calls match across the two ranks and reach bandwidth.)"""
+    b = _Builder(rank)
+    shift_us = BASE_NS // 1000
+    b.cpu("ProfilerStep#5", shift_us + 1000, 9000.0, cat="user_annotation")
+    for i, dims in enumerate(([[], [], [], []], [[[1000]], [], [], []])):
+        t0 = shift_us + 2000 + i * 3000
+        b.cpu("c10d::allreduce_", t0, 80, args={"Input Dims": dims, "Input type": ["TensorList", "", "", "Scalar"]})
+        b.cpu("record_param_comms", t0 + 5, 60,
+              args={"Input Dims": [[], [], [], [], [], []], "Input type": ["Scalar", "Scalar", "Scalar", "", "", ""]})
+        b.launch("cudaLaunchKernel", t0 + 10, "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", t0 + 100 + rank,
+                 500 - rank, stream=NCCL_STREAM)
+    trace = _trace(rank, world_size, b.events, "NVIDIA A100-SXM4-80GB", "2.14.3", list(range(world_size)))
+    del trace["baseTimeNanoseconds"]
+    return trace

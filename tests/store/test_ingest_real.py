@@ -40,6 +40,9 @@ def test_real_trace_matches_independent_counts(store, folder):
     assert got == want["collectives"]
     assert dict(store.execute("SELECT step, count(*) FROM events WHERE run_id = ? AND kind = 'kernel' GROUP BY step",
                               [run]).fetchall()) == want["kernel_steps"]
+    assert {(op, n): k for op, n, k in store.execute(
+        "SELECT op, in_elems, count(*) FROM collectives WHERE run_id = ? AND source = 'c10d' GROUP BY ALL",
+        [run]).fetchall()} == want["c10d_elems"]
 
 
 def test_a100_ddp_has_15_all_reduce_and_6_broadcast_and_waits_are_not_collectives(store):
