@@ -7,24 +7,29 @@ each collective: see bprof.whatif.peers), the step is replayed from the matched 
 (bprof.analyzers.counterfactual), and `lost_ns` is how much shorter the job's step gets (median
 over steps, and 0 unless 75% of the steps gain at least half of that median). A rank is flagged
 only when lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the step
-time). Candidates: the MAX_CANDIDATES ranks imposing the most wait, the MAX_HOST_CANDIDATES hosts
-whose ranks impose the most, and the hosts whose inter-host transfers are slowest; they are known
-before any step is replayed, so steps are built and priced one at a time.
+time); a candidate under it with a cost (lost_ns > 0) that is measurably slower than its peers
+(its own time beyond 3 x their step-to-step spread in 75% of the steps: measurably_slower) gets
+an info finding at that same engine price. Candidates: the MAX_CANDIDATES ranks imposing the most
+wait, the MAX_HOST_CANDIDATES hosts whose ranks impose the most, and the hosts whose inter-host
+transfers are slowest; they are known before any step is replayed, so steps are built and priced
+one at a time.
 Reads match_instances, match_members_aligned, collperf_instances, breakdown_steps, bubbles_stages,
 timeline_spans, ranks; writes stragglers_ranks.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import duckdb
 import numba
 import numpy as np
 import pyarrow as pa
 
-from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for, table_exists
 from bprof.whatif.engine import StepGraph, _take
 from bprof.whatif.peers import PeerStep
 
@@ -38,9 +43,7 @@ MIN_LINK_RATIO = 1.5  # inter-host transfers this much slower than elsewhere mak
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
     run_sql(con, "stragglers.sql", run_id)
     result = Result(NAME, TABLES)
-    stats = {r[0]: r for r in con.execute(
-        """SELECT rank, host, imposed_wait_ns, last_frac, compute_ns, host_busy_ns, transfer_ratio, score
-           FROM stragglers_ranks WHERE run_id = ?""", [run_id]).fetchall()}
+    stats = _rank_stats(con, run_id)
     candidates = [r for r, *_ in sorted(stats.values(), key=lambda s: -s[2]) if stats[r][2] > 0][:MAX_CANDIDATES]
     hosts = _host_candidates(stats)
     links = _link_candidates(con, run_id)
@@ -50,7 +53,10 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     priced = set(candidates).union(*hosts.values())
     steps = _analysed_steps(con, run_id)
     evidence = _MemberEvidence()
+    own = _OwnTime(candidates)
+    # (no zip or enumerate: their reused tuple would hold this step while the next one is built)
     for step in _steps(con, run_id, steps, priced, evidence):
+        own.add(steps[len(job_steps)], step)  # steps come in the order of `steps`
         job_steps.append(step.step_ns)
         keys = [("rank", r) for r in candidates] + [("host", h) for h in hosts]
         for key, gain in zip(keys, step.gains([{r} for r in candidates] + list(hosts.values()))):
@@ -61,24 +67,40 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     evidence.write(con, run_id)
     if not job_steps:
         return result
+    stats = _rank_stats(con, run_id)  # with last_frac, known once the members were read
+    own.read(con, run_id)
     median_step = statistics.median(job_steps)
     mad = statistics.median(abs(s - median_step) for s in job_steps)
     threshold = max(0.02 * median_step, 3 * mad)
     lost = {key: _summarise(g) for key, g in gains.items()}
-    medians = _medians(stats)
     for rank in candidates:
         ns = lost[("rank", rank)]
         flagged = ns >= threshold
-        cause = _cause(stats[rank], medians) if flagged else None
-        con.execute("UPDATE stragglers_ranks SET lost_ns = ?, flagged = ?, cause = ? WHERE run_id = ? AND rank = ?",
-                    [ns, flagged, cause, run_id, rank])
+        slower = own.slower(rank)
+        small = not flagged and ns > 0 and bool(slower.measurable)
+        peers = {p: stats[p] for p in own.peer_ranks(rank)} or stats  # no peers: every rank
+        cause = _cause(stats[rank], _medians(peers)) if flagged or small else None
+        con.execute("""UPDATE stragglers_ranks SET lost_ns = ?, flagged = ?, cause = ?, extra_own_ns = ?, spread_ns = ?,
+                           measurably_slower = ? WHERE run_id = ? AND rank = ?""",
+                    [ns, flagged, cause, slower.extra_ns, slower.spread_ns, slower.measurable, run_id, rank])
         if flagged:
-            result.findings.append(_rank_finding(rank, stats[rank], ns, cause, median_step, threshold, steps))
+            finding = _rank_finding(rank, stats[rank], ns, cause, median_step, threshold, steps)
+        elif small:
+            finding = _small_rank_finding(rank, stats[rank], ns, cause, slower, threshold, steps)
+        else:
+            continue
+        result.findings.append(_within_own_step(finding, rank, own.step_ns(rank)))
     single = {r: lost[("rank", r)] for r in candidates}
     result.findings += _host_findings(hosts, stats, single, {h: lost[("host", h)] for h in hosts}, threshold, median_step, steps)
     result.findings += _link_findings(con, run_id, {h: (links[h][0], lost[("link", h)]) for h in links}, threshold,
                                       median_step, steps)
     return result
+
+
+def _rank_stats(con: duckdb.DuckDBPyConnection, run_id: int) -> dict[int, tuple]:
+    return {r[0]: r for r in con.execute(
+        """SELECT rank, host, imposed_wait_ns, last_frac, compute_ns, host_busy_ns, transfer_ratio, score
+           FROM stragglers_ranks WHERE run_id = ?""", [run_id]).fetchall()}
 
 
 def _analysed_steps(con: duckdb.DuckDBPyConnection, run_id: int) -> list[int]:
@@ -194,7 +216,9 @@ def _medians(stats: dict) -> dict[str, float]:
 
 
 def _cause(s, medians: dict) -> str:
-    """device when its compute exceeds the median rank's by more than its host-side time does, else host.
+    """device when its compute exceeds the median peer's by more than its host-side time does, else host.
+    The medians are its peers' (the ranks of its role): against every rank's, a first-stage rank of a
+    pipeline is compared with the later stages' heavier compute and its own extra compute disappears.
     (Slow links impose no waits - every member of an instance waits for the same transfer - so
     they are found per host from transfer times, not among stragglers.)"""
     _, _, _, _, compute, host_ns, _, _ = s
@@ -208,6 +232,121 @@ _ADVICE = {
               "cordon it if the same kernels run slower than on its peers.",
     "host": "Check this rank's host side: CPU contention, GC pauses, data loading, launch gaps (see the idle findings for it).",
 }
+
+
+class _OwnTime:
+    """Per candidate and analysed step, its peers (the other ranks of its role signature, as the
+    pricing compares them), gathered while the steps are priced; then its own time and theirs.
+
+    A rank's own time in a step is its span less its exposed communication (breakdown_steps): its
+    compute, host-side and copy time, the waits for late peers and the transfers excluded. Not the
+    engine's work between collectives: there a kernel queued on a stream behind a collective that
+    waits for a late peer counts as work, so the victims of a straggler look slow as well (seen on
+    a synthetic stalled input: two ranks of the next stage 6 ms above their peers)."""
+
+    def __init__(self, ranks: list[int]):
+        self.ranks = np.asarray(sorted(ranks), dtype=np.int64)
+        self.steps: dict[int, list[tuple[int, list[int]]]] = {r: [] for r in self.ranks.tolist()}  # (step, peers)
+        self.times: dict[tuple[int, int], tuple[int, int]] = {}  # (rank, step) -> (own time, span)
+
+    def add(self, step_no: int, step: PeerStep) -> None:
+        span_rank = step.g.span_rank
+        at = np.minimum(np.searchsorted(span_rank, self.ranks), max(len(span_rank) - 1, 0))
+        for rank, i in zip(self.ranks.tolist(), at.tolist()):
+            if len(span_rank) and span_rank[i] == rank:  # else no span this step
+                peers = np.flatnonzero(step.sig == step.sig[i])
+                self.steps[rank].append((step_no, span_rank[peers[peers != i]].tolist()))
+
+    def read(self, con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+        self.times = {(r, s): (own, span) for r, s, own, span in con.execute(
+            """SELECT rank, step, span_ns - exposed_comm_ns, span_ns FROM breakdown_steps
+               WHERE run_id = ? AND step >= 0""", [run_id]).fetchall()}
+
+    def slower(self, rank: int) -> Slower:
+        own, peers = [], []
+        for step, ranks in self.steps[rank]:
+            if (rank, step) in self.times:
+                own.append(self.times[rank, step][0])
+                peers.append({p: self.times[p, step][0] for p in ranks if (p, step) in self.times})
+        return measurably_slower(own, peers)
+
+    def peer_ranks(self, rank: int) -> set[int]:
+        """Every rank that was its peer in some analysed step."""
+        return set().union(*(set(p) for _, p in self.steps[rank]))
+
+    def step_ns(self, rank: int) -> int | None:
+        """The rank's own step: the median of its spans over the analysed steps."""
+        spans = [self.times[rank, s][1] for s, _ in self.steps[rank] if (rank, s) in self.times]
+        return int(statistics.median(spans)) if spans else None
+
+
+SPREAD_FACTOR = 3.0  # extra own time beyond this many of the peers' step-to-step standard deviations
+
+
+class Slower(NamedTuple):
+    measurable: bool | None  # None: no peers, or fewer than two steps with them, to judge by
+    extra_ns: int | None  # median over steps of its own time minus its peers' median
+    spread_ns: int | None  # the peers' step-to-step standard deviation (robust)
+    num_slower: int  # steps in which its extra own time exceeded SPREAD_FACTOR x spread_ns
+    num_steps: int  # steps with peers
+    num_peers: int
+
+
+def measurably_slower(own: list[int], peers: list[dict[int, int]]) -> Slower:
+    """Whether a rank is slower than its peers beyond their own noise. own[s] is its own time in
+    step s, peers[s] its peers' then (rank -> ns). Its extra time in a step is its own minus the
+    median of its peers'; the noise is how much a peer's time changes from one step to the next
+    (1.4826 x the median absolute change over sqrt(2): a robust standard deviation of one step's
+    time, which the slow rank itself cannot inflate, as a spread across the ranks would). Measurable
+    when the extra time exceeds SPREAD_FACTOR x that in at least CONSISTENT_FRAC of the steps, and
+    in two steps at least: with Gaussian noise and 1-3 peers, one step does it by chance 1-2% of
+    the time, three of three a few times in a million; a rank slow in one step of three is not
+    measurably slower."""
+    steps = [(w, list(p.values())) for w, p in zip(own, peers) if p]
+    num_peers = len(set().union(*(p.keys() for p in peers)))
+    if not steps:
+        return Slower(None, None, None, 0, 0, num_peers)
+    extra = [w - statistics.median(p) for w, p in steps]
+    changes = [abs(b[r] - a[r]) for a, b in zip(peers, peers[1:]) for r in a.keys() & b.keys()]
+    if len(steps) < 2 or not changes:
+        return Slower(None, int(statistics.median(extra)), None, 0, len(steps), num_peers)
+    spread = 1.4826 * statistics.median(changes) / math.sqrt(2)
+    num_slower = sum(e > SPREAD_FACTOR * spread for e in extra)
+    return Slower(num_slower >= CONSISTENT_FRAC * len(steps), int(statistics.median(extra)), int(spread), num_slower,
+                  len(steps), num_peers)
+
+
+def _within_own_step(finding: Finding, rank: int, step_ns: int | None) -> Finding:
+    """A finding's lost_ns is at most the step of the rank it names; a price that is not is withheld."""
+    if finding.lost_ns is not None and step_ns is not None and finding.lost_ns <= step_ns:
+        return finding
+    own = "unknown" if step_ns is None else f"{step_ns / 1e6:.2f} ms"
+    return not_measurable(
+        f"Straggler cost of rank {rank} withheld: the replay's gain is not within its own step",
+        f"The counterfactual replay gained {(finding.lost_ns or 0) / 1e6:.2f} ms per step against rank {rank}'s own "
+        f"step of {own}: no cause buys back more than the step of the rank it names. Withheld: {finding.title}",
+        "Check the run's matched collectives (bprof info) and analyse it again; report it if it persists.",
+        ranks=[rank], steps=finding.evidence.get("steps"), withheld_lost_ns=finding.lost_ns)
+
+
+def _small_rank_finding(rank: int, s, lost_ns: int, cause: str, slower: Slower, threshold: float,
+                        steps: list[int]) -> Finding:
+    """A rank measurably slower than its peers whose cost is under the flag threshold."""
+    _, host, imposed, last_frac, _, _, _, _ = s
+    return Finding(
+        "info",
+        f"Small straggler: rank {rank} ({cause}) spends {slower.extra_ns / 1e6:.2f} ms more per step than its peers "
+        f"outside communication; the step would be {lost_ns / 1e6:.2f} ms shorter without it",
+        _ADVICE[cause],
+        f"Rank {rank}'s own time (its step less exposed communication: compute, host-side and copy time) exceeded "
+        f"the median of its {slower.num_peers} peers' (same pipeline stage and collectives) by "
+        f"{slower.extra_ns / 1e6:.2f} ms per step (median), and by more than {SPREAD_FACTOR:g} x their step-to-step "
+        f"spread ({slower.spread_ns / 1e6:.3f} ms) in {slower.num_slower} of {slower.num_steps} steps. Counterfactual: it works like the median of its peers at each instance and the "
+        f"step is replayed from the matched collectives: the job's step gets {lost_ns / 1e6:.2f} ms shorter (median "
+        f"over steps), under the flag threshold of {threshold / 1e6:.2f} ms. It arrived last at "
+        f"{100 * (last_frac or 0):.0f}% of its collectives and made its peers wait {imposed / 1e6:.2f} ms per step.",
+        lost_ns, {"ranks": [rank], "steps": steps, "host": host, "cause": cause, "extra_own_ns": slower.extra_ns,
+                  "spread_ns": slower.spread_ns, "num_peers": slower.num_peers})
 
 
 def _rank_finding(rank: int, s, lost_ns: int, cause: str, median_step: float, threshold: float, steps: list[int]) -> Finding:

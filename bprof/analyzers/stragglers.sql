@@ -11,6 +11,7 @@ CREATE TABLE IF NOT EXISTS stragglers_ranks (
     num_instances BIGINT NOT NULL, num_last BIGINT NOT NULL, last_frac DOUBLE,
     imposed_wait_ns BIGINT NOT NULL, compute_ns BIGINT, host_busy_ns BIGINT, transfer_ratio DOUBLE,
     score DOUBLE, lost_ns BIGINT, flagged BOOLEAN NOT NULL, cause VARCHAR,
+    extra_own_ns BIGINT, spread_ns BIGINT, measurably_slower BOOLEAN,
     PRIMARY KEY (run_id, rank)
 );
 COMMENT ON TABLE stragglers_ranks IS 'Straggler evidence per rank: arrivals last, wait imposed, compute against the median rank, and the counterfactual cost.';
@@ -27,7 +28,10 @@ COMMENT ON COLUMN stragglers_ranks.transfer_ratio IS 'Median over the analysed s
 COMMENT ON COLUMN stragglers_ranks.score IS 'Median rank''s compute_ns over this rank''s: below 1 means slower than the median rank.';
 COMMENT ON COLUMN stragglers_ranks.lost_ns IS 'How much shorter the job''s step would be if this rank worked like the median rank of its role (median over steps of the counterfactual engine''s gain; 0 unless at least 75% of the steps gain half of it: not consistent); NULL when not evaluated.';
 COMMENT ON COLUMN stragglers_ranks.flagged IS 'lost_ns >= max(2% of the median step, 3 x the median absolute deviation of the step time).';
-COMMENT ON COLUMN stragglers_ranks.cause IS 'For flagged ranks: device (its compute exceeds the median rank''s by more than its host-side time does) or host.';
+COMMENT ON COLUMN stragglers_ranks.cause IS 'For ranks with a finding (flagged, or measurably slower with a cost under the threshold): device (its compute exceeds the median peer''s by more than its host-side time does) or host.';
+COMMENT ON COLUMN stragglers_ranks.extra_own_ns IS 'Median over steps of its own time (breakdown_steps span_ns - exposed_comm_ns: compute, host-side and copy time, no waits for peers) minus the median of its peers'' (the other ranks of its role signature, as the cost compares them); NULL when not evaluated or without peers.';
+COMMENT ON COLUMN stragglers_ranks.spread_ns IS 'Its peers'' step-to-step spread: 1.4826 x the median absolute change of a peer''s own time from one analysed step to the next, over sqrt(2) (the standard deviation of one step''s own time, robustly); NULL when not evaluated or with fewer than two steps.';
+COMMENT ON COLUMN stragglers_ranks.measurably_slower IS 'Its own time exceeds its peers'' median by more than 3 x spread_ns in at least 75% of the steps (and two at least): slower than its peers beyond their noise, whatever its cost; NULL when not evaluated (not a candidate, no peers, one step).';
 
 -- Algorithm (scale: 20 million member rows per step at 10,240 ranks, so no window or join over
 -- all members here): a role is a small integer, numbered per (op, group size) over the instances and
@@ -71,7 +75,7 @@ WITH last AS (
 SELECT $run_id, r.rank, r.host, 0, coalesce(l.num_last, 0), NULL,
     CAST(coalesce(i.wait_ns, 0) AS BIGINT), CAST(bd.compute_ns AS BIGINT), CAST(bd.host_ns AS BIGINT), NULL,
     (SELECT median(compute_ns) FROM bd) / nullif(bd.compute_ns, 0),
-    NULL, false, NULL
+    NULL, false, NULL, NULL, NULL, NULL
 FROM ranks r
 LEFT JOIN last_rank l USING (rank) LEFT JOIN imposed_med i USING (rank) LEFT JOIN bd USING (rank)
 WHERE r.run_id = $run_id;

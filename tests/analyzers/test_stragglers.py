@@ -1,7 +1,11 @@
 """Stragglers on synthetic runs with planted faults: the right rank, host or link, the right cause,
-and a cost close to the synthetic re-simulation without the fault; nobody flagged without one."""
+and a cost close to the synthetic re-simulation without the fault; nobody flagged without one. A
+rank measurably slower than its peers but cheaper than the flag threshold (the demo's planted 5 ms)
+is still named, at info severity."""
 
 import json
+import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from bprof.analyzers.base import Options
 from bprof.store.db import open_store
 from bprof.store.ingest import IngestOptions, ingest_paths
 from bprof.synth import Fault, Scenario, write_run
+from bprof.synth.__main__ import main as synth_main
 
 PLANTS = {  # name: (hosts, faults)
     "slow_rank": (2, [Fault("slow_rank", rank=3, extra_ns=20_000_000)]),
@@ -45,9 +50,14 @@ def test_the_plant_is_found_with_its_cause_and_about_its_cost(planted):
     name, con, run_id, truth = planted
     findings = _findings(con, run_id)
     flagged = [r for (r,) in con.execute("SELECT rank FROM stragglers_ranks WHERE run_id = ? AND flagged", [run_id]).fetchall()]
+    slower = [r for (r,) in con.execute("SELECT rank FROM stragglers_ranks WHERE run_id = ? AND measurably_slower",
+                                        [run_id]).fetchall()]
     if name == "none":
-        assert findings == [] and flagged == []
+        assert findings == [] and flagged == [] and slower == []
         return
+    if name in ("slow_rank", "stalled_input"):
+        # its victims wait longer, but their own time is their peers': only the planted rank is slower
+        assert slower == flagged and all(e["ranks"] == flagged for _, _, e in findings), findings
     [fault] = truth["faults"]
     planted_ns = max(fault["counterfactual"]["step_dur_delta_ns"])  # the job's step: its longest rank
     title, lost_ns, evidence = findings[0]
@@ -91,3 +101,78 @@ def test_the_median_without_some_positions_is_the_median_of_the_rest():
         excluded = np.sort(rng.choice(n, int(rng.integers(0, n)), replace=False))
         rest = np.delete(values, excluded)
         assert stragglers._median_without(values, excluded) == float(np.median(rest))
+
+
+@pytest.mark.parametrize("own, peers, measurable, extra_ns", [
+    # 5 ms more than peers whose work changes by about 0.1 ms from step to step: every step
+    ([105, 106, 105], [{0: 100, 1: 101}, {0: 101, 1: 100}, {0: 100, 1: 100}], True, 5),
+    # the same 5 ms, but the peers' own work swings by about 10 ms from one step to the next
+    ([105, 106, 105], [{0: 100, 1: 90}, {0: 110, 1: 100}, {0: 100, 1: 90}], False, 10),
+    # far slower in one step of three only
+    ([130, 100, 101], [{0: 100, 1: 101}, {0: 101, 1: 100}, {0: 100, 1: 100}], False, 0),
+    # three steps of four are enough (a contended peer may hide one)
+    ([105, 106, 100, 105], [{0: 100, 1: 101}, {0: 101, 1: 100}, {0: 101, 1: 100}, {0: 100, 1: 100}], True, 5),
+    # one peer's work never changes: any extra in every step is beyond its noise
+    ([101, 101], [{0: 100}, {0: 100}], True, 1),
+    ([100, 100], [{0: 100}, {0: 100}], False, 0),
+])
+def test_measurably_slower_is_extra_work_beyond_the_peers_step_to_step_spread(own, peers, measurable, extra_ns):
+    ms = 1_000_000
+    got = stragglers.measurably_slower([w * ms for w in own], [{r: w * ms for r, w in p.items()} for p in peers])
+    assert got.measurable is measurable and got.extra_ns == pytest.approx(extra_ns * ms, abs=ms)
+
+
+@pytest.mark.parametrize("own, peers", [
+    ([105], [{0: 100, 1: 100}]),  # one step: no step-to-step spread to judge by
+    ([105, 105], [{}, {}]),  # no peers
+])
+def test_measurably_slower_is_not_judged_without_the_data(own, peers):
+    assert stragglers.measurably_slower(own, peers).measurable is None
+
+
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.sh"
+
+
+def _demo_commands() -> tuple[list[str], int]:
+    """The synthetic run's generator arguments in examples/demo.sh (after its output directory) and
+    how many findings its `bprof analyze` of that run prints."""
+    lines = DEMO.read_text().splitlines()
+    [synth] = [shlex.split(line) for line in lines if line.startswith("python -m bprof.synth ")]
+    [analyze] = [shlex.split(line) for line in lines if line.startswith("bprof analyze synthetic")]
+    top = int(analyze[analyze.index("--top") + 1]) if "--top" in analyze else 10  # the CLI's default
+    return synth[4:], top
+
+
+def _demo_run(tmp_path, args: list[str]):
+    synth_main([str(tmp_path / "run"), *args])
+    con = open_store(tmp_path / "s.duckdb")
+    [r] = ingest_paths(con, [tmp_path / "run"], IngestOptions(name="demo"))
+    analysis.analyze_run(con, r.run_id, Options())
+    return con, r.run_id
+
+
+def test_the_demos_planted_slow_rank_is_named_among_the_findings_it_prints(tmp_path):
+    args, top = _demo_commands()
+    slow = int(args[args.index("--slow-rank") + 1])
+    con, run_id = _demo_run(tmp_path, args)
+    shown = analysis.summary(con, run_id)["findings"][:top]
+    [named] = [f for f in shown if f["analyzer"] == "stragglers"]
+    assert named["evidence"]["ranks"] == [slow] and named["evidence"]["cause"] == "device", named
+    # 5 ms of extra compute costs 1.4-1.7 ms per step (the rank's peers wait at its collectives):
+    # under the flag threshold, so info; priced by the engine, within the rank's own step
+    [(lost_ns, flagged, slower, extra_ns)] = con.execute(
+        "SELECT lost_ns, flagged, measurably_slower, extra_own_ns FROM stragglers_ranks WHERE run_id = ? AND rank = ?",
+        [run_id, slow]).fetchall()
+    assert named["severity"] == "info" and not flagged and slower
+    [step_ns] = con.execute("SELECT median(dur_ns) FROM steps WHERE run_id = ? AND rank = ?", [run_id, slow]).fetchone()
+    assert named["lost_ns"] == lost_ns and 0 < lost_ns <= step_ns
+    assert extra_ns == pytest.approx(5_000_000, rel=0.2)
+
+
+def test_the_demos_run_without_its_slow_rank_names_no_straggler(tmp_path):
+    args, _ = _demo_commands()
+    i = args.index("--slow-rank")
+    con, run_id = _demo_run(tmp_path, args[:i] + args[i + 2:])
+    assert _findings(con, run_id) == []
+    assert con.execute("SELECT count(*) FROM stragglers_ranks WHERE run_id = ? AND measurably_slower",
+                       [run_id]).fetchone()[0] == 0
