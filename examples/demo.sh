@@ -31,9 +31,9 @@ bprof replay demo-tp2-dp2 --db "$db" --top 1 --variant bf16 --repeats 3 2> "$out
 echo "== bprof report --html: the web report of the recorded run as one offline file (bprof report --serve serves it)"
 bprof report demo-tp2-dp2 --db "$db" --html "$out/report.html"
 
-echo "== a synthetic 8-GPU NCCL run (tp=2 pp=2 dp=2, rank 3 slowed) with its planted truth"
+echo "== a synthetic 8-GPU NCCL run (tp=2 pp=2 dp=2, rank 3 slowed by 5 ms per step) with its planted truth: the analysis names rank 3"
 python -m bprof.synth "$out/synthetic" --tp 2 --pp 2 --dp 2 --hosts 2 --slow-rank 3
 bprof ingest "$out/synthetic" --db "$db" --name synthetic-tp2-pp2-dp2
-bprof analyze synthetic-tp2-pp2-dp2 --db "$db" --top 5
+bprof analyze synthetic-tp2-pp2-dp2 --db "$db" --top 10
 bprof runs --db "$db"
 echo "== done: store at $db; run directory $out/record; report $out/report.html"
