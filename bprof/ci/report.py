@@ -35,6 +35,8 @@ def check_data(result: CheckResult) -> dict:
         "unknown_facts": result.unknown_facts,
         "options": asdict(result.options),
         "metrics": [asdict(v) for v in result.verdicts],
+        "metrics_left_out": result.metrics_left_out,
+        "advice": result.advice,
         "explanation": None if e is None else {
             "headline": e.headline, "top_part": e.top_part, "critical_rank": e.critical_rank,
             "baseline_critical_rank": e.baseline_critical_rank,
@@ -45,13 +47,14 @@ def check_data(result: CheckResult) -> dict:
 
 def check_markdown(result: CheckResult) -> str:
     c, o = result.candidate, result.options
-    icon = {"regression": "❌", "improvement": "🚀", "pass": "✅"}
-    head = "regression" if result.status == "regression" else "no regression"
+    icon = {"regression": "❌", "improvement": "🚀", "inconclusive": "❔", "pass": "✅"}
+    head = {"regression": "regression", "inconclusive": "inconclusive"}.get(result.status, "no regression")
     lines = [f"## bprof ci check: {head}", "",
              f"Candidate **{escape_md(c.run_name)}**{_commit(c.git_sha)} against the last {len(result.baseline)} runs of "
              f"series **{escape_md(result.series)}**{'' if not c.benchmark else f' (benchmark {escape_md(c.benchmark)})'}; "
              f"a regression must be outside the {o.confidence:.0%} prediction band of the baseline runs and "
-             f"larger than {o.threshold_frac:.1%}.", "",
+             f"larger than {o.threshold_frac:.1%}; a band reaching further than ±{100 * o.max_band_frac:g}% "
+             f"cannot pass a run.", "",
              "| metric | candidate | baseline | change | band | p | verdict |",
              "|---|---|---|---|---|---|---|"]
     for v in result.verdicts:
@@ -59,6 +62,17 @@ def check_markdown(result: CheckResult) -> str:
                      f"{v.change_frac:+.1%} | {fmt_value(v.band_low, v.unit)} – {fmt_value(v.band_high, v.unit)} | "
                      f"{v.p_value:.3g} | {icon[v.verdict]} {v.verdict}: {v.reason} |")
     lines.append("")
+    if result.status == "inconclusive":
+        lines += ["**Inconclusive**: the baseline is too noisy to pass this run. What would decide it:", ""]
+        lines += [f"- {escape_md(a)}" for a in result.advice]
+        lines.append("")
+    for v in result.verdicts:
+        if v.excluded_baseline_runs:
+            runs = "; ".join(f"{escape_md(x.run_name)} ({fmt_value(x.value, v.unit)}: {x.reason})"
+                             for x in v.excluded_baseline_runs)
+            lines.append(f"Left out of the {v.metric} band as outlier baseline runs: {runs}.")
+    if result.metrics_left_out:
+        lines.append(f"Work metrics not compared: {'; '.join(map(escape_md, result.metrics_left_out))}.")
     steps = result.verdicts[0] if result.verdicts else None
     if steps is not None:
         excluded = (f"outlier steps excluded: {', '.join(map(str, steps.candidate_excluded_steps))}"
@@ -87,7 +101,8 @@ def check_markdown(result: CheckResult) -> str:
 
 
 def check_junit(result: CheckResult | None, error: str | None = None) -> bytes:
-    """JUnit XML: a test case per metric, failed on a regression; one errored case when the check could not run."""
+    """JUnit XML: a test case per metric, failed on a regression, errored when inconclusive; one errored
+    case when the check could not run."""
     suite = ET.Element("testsuite", name="bprof ci check")
     cases = []
     if result is None:
@@ -102,6 +117,8 @@ def check_junit(result: CheckResult | None, error: str | None = None) -> bytes:
             if v.verdict == "regression":
                 why = result.explanation.headline if result.explanation else ""
                 ET.SubElement(case, "failure", message=text).text = f"{text}\nwhy: {why}"
+            elif v.verdict == "inconclusive":  # not decided: an error, as when the check could not run
+                ET.SubElement(case, "error", message=text).text = "\n".join([text, *result.advice])
             else:
                 ET.SubElement(case, "system-out").text = text
             cases.append(case)

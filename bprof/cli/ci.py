@@ -1,5 +1,6 @@
 """`bprof ci record | check | trend`: keep a baseline series of run summaries, gate a candidate run on
-it (exit 0 pass, 1 regression, 2 usage, 3 not enough data or not comparable), find where a series shifted."""
+it (exit 0 pass, 1 regression, 2 usage, 3 inconclusive, not enough data or not comparable), find where a
+series shifted."""
 
 from __future__ import annotations
 
@@ -111,24 +112,29 @@ def check(
     db: Path = DbOption,
     history: Optional[Path] = HistoryOption,
     metric: Optional[List[str]] = typer.Option(None, "--metric", help="step_time, mfu, or a work metric: executed_flops, collective_calls, collective_bytes "
-                                     "(amounts per step, immune to a noisy runner's load; repeatable; default: step_time and mfu)."),
+                                     "(amounts per step, immune to a noisy runner's load; repeatable; default: step_time, mfu and "
+                                     "each work metric that the candidate and the baseline runs have)."),
     baseline: str = typer.Option("main", "--baseline", help="Baseline series (a branch), or a run of the history "
                                                              "(its series up to that run)."),
     baseline_runs: int = typer.Option(10, "--baseline-runs", help="Compare with the last N comparable runs of the series (at least 5)."),
     threshold: str = typer.Option("3%", "--threshold", help="Smallest change that counts (3% or 0.03)."),
     confidence: float = typer.Option(0.99, "--confidence", help="Confidence of the baseline's prediction band, in (0.5, 1)."),
+    max_band: str = typer.Option("0.25", "--max-band-frac", help="A candidate inside a band reaching further than this "
+                                                                "above its center is inconclusive (exit 3), never a pass "
+                                                                "(0.25 or 25%)."),
     junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here."),
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the markdown summary here."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Is RUN a regression against the baseline series? Exit 0 pass, 1 regression, 2 usage, 3 not enough data or not comparable."""
+    """Is RUN a regression against the baseline series? Exit 0 pass, 1 regression, 2 usage, 3 inconclusive (the
+    baseline too noisy to judge), not enough data or not comparable."""
     from bprof.ci import report
     from bprof.ci.check import MIN_BASELINE_RUNS, CheckOptions, check as run_check
     from bprof.ci.history import resolve_baseline
     from bprof.ci.summary import METRICS
 
-    metrics = tuple(dict.fromkeys(metric or ("step_time", "mfu")))
-    for m in metrics:
+    metrics = tuple(dict.fromkeys(metric)) if metric else None
+    for m in metrics or ():
         if m not in METRICS:
             raise UsageError(f"--metric must be one of {', '.join(METRICS)}, got {m!r}")
     threshold_frac = _fraction(threshold, "--threshold")
@@ -138,7 +144,10 @@ def check(
         raise UsageError(f"--confidence must be in (0.5, 1), got {confidence}")
     if baseline_runs < MIN_BASELINE_RUNS:
         raise UsageError(f"--baseline-runs must be at least {MIN_BASELINE_RUNS}, got {baseline_runs}")
-    options = CheckOptions(metrics, threshold_frac, confidence, baseline_runs)
+    max_band_frac = _fraction(max_band, "--max-band-frac")
+    if not max_band_frac > 0:
+        raise UsageError(f"--max-band-frac must be above 0, got {max_band}")
+    options = CheckOptions(metrics, threshold_frac, confidence, max_band_frac, num_baseline_runs=baseline_runs)
     try:
         with _stores(db, history, history_must_exist=True) as (con, hist):
             candidate = _summary(con, run)
@@ -161,6 +170,8 @@ def check(
         typer.echo(text)
     if result.status == "regression":
         raise typer.Exit(1)
+    if result.status == "inconclusive":
+        raise typer.Exit(3)
 
 
 @ci_app.command("trend")

@@ -1,5 +1,6 @@
 """`bprof ci` as CI runs it: a real subprocess over stores of inline analysed runs; exit codes 0, 1,
-2 and 3, one-line errors, --history, --json, --junit and $GITHUB_STEP_SUMMARY."""
+2 and 3 (inconclusive or no decision), one-line errors, --history, --json, --junit and
+$GITHUB_STEP_SUMMARY."""
 
 from __future__ import annotations
 
@@ -101,12 +102,34 @@ def test_runs_that_are_not_comparable_exit_3_naming_the_difference(stores):
                            "'main': torch_version 2.14.0 (candidate) vs 2.13.0 (baseline)")
 
 
+def test_a_band_wider_than_the_limit_is_inconclusive_and_exits_3(stores, tmp_path):
+    # the baseline runs spread about 1%: their 99% band reaches about +5%, over a 1% limit
+    db, history = stores
+    junit = tmp_path / "j.xml"
+    done = bprof("ci", "check", "same", "--db", db, "--history", history, "--max-band-frac", "1%", "--json",
+                 "--junit", junit)
+    assert done.returncode == 3, done.stderr
+    data = json.loads(done.stdout)
+    assert data["status"] == "inconclusive" and data["options"]["max_band_frac"] == 0.01
+    assert {m["metric"]: m["verdict"] for m in data["metrics"]} == {"step_time": "inconclusive", "mfu": "inconclusive"}
+    # a 1% spread is too much for any number of runs to fit a 1% limit
+    assert data["advice"][0].startswith("more baseline runs will not do it alone: ")
+    assert data["advice"][1].startswith("a quieter runner")
+    # the inline runs have no kernels or collectives: no work metrics, and the report says why
+    assert data["metrics_left_out"][0].startswith("executed_flops: the candidate has none (no executed FLOPs")
+    assert ET.parse(junit).getroot().get("errors") == "2"
+    text = bprof("ci", "check", "same", "--db", db, "--history", history, "--max-band-frac", "0.01")
+    assert text.returncode == 3 and text.stdout.startswith("## bprof ci check: inconclusive")
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--threshold", "abc"], "--threshold must be a fraction or a percentage"),
     (["--threshold", "150%"], "--threshold must be in [0%, 100%)"),
     (["--confidence", "1.5"], "--confidence must be in (0.5, 1)"),
     (["--metric", "loss"], "--metric must be one of step_time, mfu"),
     (["--baseline-runs", "3"], "--baseline-runs must be at least 5"),
+    (["--max-band-frac", "0"], "--max-band-frac must be above 0"),
+    (["--max-band-frac", "wide"], "--max-band-frac must be a fraction or a percentage"),
     (["--no-such-flag"], "No such option"),
 ])
 def test_bad_flags_exit_2(stores, flags, message):
