@@ -207,7 +207,8 @@ def stage_ends(t: StageTimes, schedule: str, microbatches: int) -> np.ndarray:
             inst.append(i), rank.append(r), work.append(w), exit_after.append(x)
     inst_a = np.asarray(inst, dtype=np.int64)
     at = topo[inst_a]
-    g = StepGraph.build(inst_a, np.asarray(rank), at, at, ranks, starts, starts, instance_ids=np.arange(n_inst))
+    g = StepGraph.build(inst_a, np.asarray(rank), at, at, ranks, starts, starts, instance_ids=np.arange(n_inst),
+                        previous_exit_only=True)
     r = replay(g, np.asarray(work, dtype=np.int64)[g.source_row], tail, np.asarray(exit_after, dtype=np.int64)[g.source_row])
     return r.end_ns[:p] - starts.min()
 

@@ -114,7 +114,9 @@ def test_two_instances_ending_their_arrivals_at_once_replay_exactly():
                         span_rank=[0, 1], span_start_ns=[0, 0], span_end_ns=[20, 20])
     assert replay(g).end_ns.tolist() == [20, 20]
     work, tail = work_segments(g)
-    assert work.tolist() == [8, 5 - 12, 10, 10 - 12] and replay(g, work, tail).end_ns.tolist() == [20, 20]
+    # rank 0's B (5) comes before every event of its chain: from A's exit, as before; rank 1 arrives
+    # at B as it arrives at A (10): anchored to that arrival, not to A's exit two ns later
+    assert work.tolist() == [8, 5 - 12, 10, 0] and replay(g, work, tail).end_ns.tolist() == [20, 20]
 
 
 def test_gains_in_one_walk_are_each_sets_own_replay_and_leave_the_step_as_it_was():
