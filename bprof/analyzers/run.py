@@ -13,6 +13,7 @@ from typing import Callable
 
 import duckdb
 
+from bprof.analyzers import invariants
 from bprof.analyzers.base import Options, Result, replace_rows, table_exists, write_findings
 
 # Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
@@ -34,6 +35,7 @@ def analyze_run(con: duckdb.DuckDBPyConnection, run_id: int, options: Options = 
                 progress(module.NAME)
             replace_rows(con, module.TABLES, run_id)
             result = module.analyze(con, run_id, options)
+            result.findings = invariants.bounded(result.findings, invariants.step_ns_by_rank(con, run_id))
             write_findings(con, run_id, module.NAME, result.findings)
             results.append(result)
         con.execute("COMMIT")

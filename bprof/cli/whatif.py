@@ -77,7 +77,13 @@ def whatif(
                f"unchanged replay within {s0['max_error_frac']:.4%} of every rank-step")
     typer.echo(f"{'scenario':<40} {'step':>12} {'delta':>9} {'MFU':>8}")
     for s in out.summaries[1:]:
+        if s["withheld"]:
+            typer.echo(f"{s['scenario']:<40} {'withheld':>12}")
+            continue
         typer.echo(f"{s['scenario']:<40} {_ms(s['predicted_step_ns']):>12} {s['delta_frac']:>+9.2%} {_pct(s['predicted_mfu_frac']):>8}")
+    for s in out.summaries[1:]:
+        if s["withheld"]:
+            typer.echo(f"{s['scenario']}: withheld: {s['withheld']}")
     typer.echo("assumptions:")
     for s in out.summaries[1:]:
         for a in s["assumptions"]:

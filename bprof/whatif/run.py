@@ -17,12 +17,15 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from bprof.errors import UsageError
+from bprof.errors import DataError, UsageError
 from bprof.whatif import graph
 from bprof.whatif.engine import replay
 from bprof.whatif.scenarios import Part, State, parse
 
 UNCHANGED = "unchanged"
+# The unchanged replay must reproduce every measured rank-step; beyond this (relative) error the
+# graph does not describe the run, and no scenario's prediction is shown.
+UNCHANGED_TOLERANCE_FRAC = 0.01
 
 
 @dataclasses.dataclass
@@ -48,19 +51,33 @@ class ScenarioResult:
         pred = int(np.median(predicted)) if predicted else None
         err = np.concatenate([np.abs(p - m) / np.maximum(m, 1) for p, m in zip(self.predicted_ns, self.measured_ns)]) \
             if self.measured_ns else np.zeros(0)
+        withheld = self.violation()
+        if withheld:
+            pred = None
         return {
             "scenario": self.scenario,
             "num_steps": len(measured),
             "num_ranks": int(max((len(r) for r in self.rank), default=0)),
             "measured_step_ns": meas,
             "predicted_step_ns": pred,
-            "delta_frac": (pred - meas) / meas if meas else None,
+            "delta_frac": (pred - meas) / meas if meas and pred is not None else None,
             "measured_mfu_frac": mfu_frac,
             "predicted_mfu_frac": mfu_frac * meas / pred * self.work_factor() if mfu_frac is not None and meas and pred else None,
             "max_error_frac": float(err.max()) if len(err) else None,
             "median_error_frac": float(np.median(err)) if len(err) else None,
             "assumptions": [p.assumption() for p in self.parts],
+            "withheld": withheld,
         }
+
+    def violation(self) -> str | None:
+        """Why this scenario's prediction breaks a physical invariant, or None: every predicted
+        rank-step must be positive (a step cannot end before it starts)."""
+        bad = [(int(r[i]), s) for r, s, p in zip(self.rank, self.step, self.predicted_ns) for i in np.flatnonzero(p <= 0)]
+        if not bad:
+            return None
+        shown = ", ".join(f"rank {r} step {s}" for r, s in bad[:5])
+        return (f"the replay predicts a step of zero or less on {len(bad)} rank-steps ({shown}): the step graph "
+                "does not model this run's dependencies there, so no prediction is given")
 
 
 @dataclasses.dataclass
@@ -96,6 +113,7 @@ def whatif(con: duckdb.DuckDBPyConnection, run_id: int, scenarios: list[str], *,
             res.measured_ns.append(m.measured_ns)
     mfu = _metric(con, run_id, "mfu_frac")
     summaries = [r.summary(mfu) for r in results]
+    _check_unchanged(results[0], run_id)
     if without_events:
         for s in summaries[1:]:
             s["assumptions"].append(f"{without_events} ranks have no events (reduced): their work has no host gaps or "
@@ -104,6 +122,19 @@ def whatif(con: duckdb.DuckDBPyConnection, run_id: int, scenarios: list[str], *,
     if write:
         _write(con, out)
     return out
+
+
+def _check_unchanged(base: ScenarioResult, run_id: int) -> None:
+    """DataError (exit 3, no predictions) when the unchanged replay misses a measured rank-step by
+    more than UNCHANGED_TOLERANCE_FRAC, naming the worst rank-steps."""
+    off = [(abs(int(p) - int(m)) / max(int(m), 1), int(r), s, int(p), int(m))
+           for rr, s, pp, mm in zip(base.rank, base.step, base.predicted_ns, base.measured_ns)
+           for r, p, m in zip(rr, pp, mm)]
+    bad = sorted((o for o in off if o[0] > UNCHANGED_TOLERANCE_FRAC), reverse=True)
+    if bad:
+        shown = "; ".join(f"rank {r} step {s}: replayed {p / 1e6:.2f} ms, measured {m / 1e6:.2f} ms" for _, r, s, p, m in bad[:3])
+        raise DataError(f"run {run_id}: the unchanged replay is off the measurement by more than "
+                        f"{UNCHANGED_TOLERANCE_FRAC:.0%} on {len(bad)} rank-steps ({shown}); no prediction is given")
 
 
 def _metric(con, run_id: int, name: str) -> float | None:
