@@ -36,6 +36,7 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
             "Record with `bprof record` (it keeps the Flight Recorder's group and sequence number), or with "
             "torch >= 2.2, whose traces name the process group of each collective.",
             num_calls=no_group))
+    findings += _unknown_peers(con, run_id)
     # One finding per group and kind of problem: a hang or desync repeats on every later seq.
     rows = con.execute("""
         SELECT pg_name, any_value(pg_desc), any_value(pg_ranks), is_p2p, src_rank, dst_rank,
@@ -71,4 +72,28 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
                 "a desynchronised program (or mismatched sequence numbers) and can hang or corrupt the result.",
                 f"First: {reason}. No lost time is claimed.",
                 None, evidence | {"ranks": pg_ranks}))
+    return findings
+
+
+def _unknown_peers(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    """One finding per group whose send/recv calls stay unmatched because their peer is unknown
+    (a group of more than two ranks, and neither the trace nor bprof record named the peer)."""
+    findings = []
+    for pg_name, pg_desc, num_calls, num_instances, ranks, steps in con.execute("""
+            SELECT pg_name, any_value(pg_desc), sum(num_members), count(*),
+                   list(DISTINCT coalesce(src_rank, dst_rank) ORDER BY coalesce(src_rank, dst_rank)),
+                   list(DISTINCT step ORDER BY step)[:$2]
+            FROM match_instances WHERE run_id = $1 AND status = 'unknown'
+            GROUP BY pg_name ORDER BY pg_name""", [run_id, MAX_LISTED]).fetchall():
+        group = f"group {pg_name}" + (f" ({pg_desc})" if pg_desc else "")
+        findings.append(Finding(
+            "warning", f"{num_calls} send/recv calls on {group} stay unmatched: their peer is unknown",
+            "Record with `bprof record` (its p2p log names each message's peer), or with a torch whose traces "
+            "write the peer on send/recv (record_param_comms `Dst Rank` / `Src Rank`).",
+            f"The group has more than two ranks and the trace names no peer, so a send cannot be paired with its "
+            f"recv ({num_instances} unmatched halves on ranks {ranks}). For these calls there is no arrival skew, "
+            "wait or transfer time, no clock alignment and no straggler attribution, and the what-if step graph "
+            "runs them as each rank's own work, not joined across ranks. No lost time is claimed.",
+            None, {"pg_name": pg_name, "pg_desc": pg_desc, "num_calls": num_calls, "num_instances": num_instances,
+                   "ranks": ranks, "steps": steps}))
     return findings

@@ -58,7 +58,7 @@ COMMENT ON COLUMN match_instances.pg_name IS 'Process group name.';
 COMMENT ON COLUMN match_instances.pg_desc IS 'Process group description (of a member that traced one).';
 COMMENT ON COLUMN match_instances.pg_ranks IS 'Global ranks of the process group, when traced.';
 COMMENT ON COLUMN match_instances.group_size IS 'Number of ranks in the process group.';
-COMMENT ON COLUMN match_instances.seq IS 'Sequence number the members share (per group; per sender-receiver pair for bprof record p2p); NULL when matched by order within the step.';
+COMMENT ON COLUMN match_instances.seq IS 'Sequence number the members share (per group; for p2p the Seq torch writes, which is the group''s collective counter, or per sender-receiver pair under bprof record); NULL when there is none (calls matched by order within the step).';
 COMMENT ON COLUMN match_instances.src_rank IS 'p2p: the sending rank; NULL for collectives.';
 COMMENT ON COLUMN match_instances.dst_rank IS 'p2p: the receiving rank; NULL for collectives.';
 COMMENT ON COLUMN match_instances.step IS 'Profiler step of the members (the earliest when they differ); NULL when no member call lies in a step.';
@@ -151,14 +151,22 @@ SELECT e.*,
     coalesce(c.one_clock, false) AS one_clock
 FROM e LEFT JOIN clocks c USING (gid);
 
--- Every call of run `rid` with its group, sender and receiver (p2p) and match number k: its seq,
--- or without one 2^35 | slot << 20 | the k-th call of the group (pair) in the step on this rank,
--- where slot is the step's place among the run's steps (_match_slots; 0 outside every step), so
--- that k stays below 2^36 whatever the step numbers. Every operand is BIGINT from the start:
--- DuckDB checks INTEGER shifts and raised on the first call outside every step.
+-- Every call of run `rid` with its group, sender and receiver (p2p) and match number k:
+-- * a collective with a seq: its seq;
+-- * any other call: 2^35 | slot << nth_bits | nth, nth being its place among the calls of its
+--   group (pair) on its rank with the same step and seq, slot the place of that (step, seq) among
+--   the run's (_match_slots). A p2p call's seq alone does not number its messages: torch writes on
+--   send/recv the group's collective counter + 1, the same for every message until the next
+--   collective (bprof record's are message numbers: then nth is 1). The bits go to slot and nth as
+--   the run needs them, so k stays below 2^36 whatever the step numbers and sequence numbers.
+-- Every operand is BIGINT from the start: DuckDB checks INTEGER shifts, and raised on the first
+-- call outside every step (524287 << 16).
 CREATE OR REPLACE TEMP TABLE _match_slots AS
-SELECT step, CAST(row_number() OVER (ORDER BY step) AS BIGINT) AS slot
-FROM (SELECT DISTINCT step FROM collectives WHERE run_id = $run_id AND seq IS NULL AND step IS NOT NULL);
+SELECT step, seq, CAST(row_number() OVER (ORDER BY step NULLS FIRST, seq NULLS FIRST) AS BIGINT) AS slot
+FROM (SELECT DISTINCT step, seq FROM collectives WHERE run_id = $run_id AND (seq IS NULL OR is_p2p));
+
+CREATE OR REPLACE TEMP TABLE _match_slot_bits AS
+SELECT CAST(35 - length(bin(count(*))) AS BIGINT) AS nth_bits FROM _match_slots;
 
 CREATE OR REPLACE TEMP MACRO _match_base(rid) AS TABLE
 WITH c AS (
@@ -180,17 +188,19 @@ WITH c AS (
              WHEN op IN ('reduce_scatter', 'scatter') THEN coalesce(out_elems, in_elems) END AS cmp_elems
     FROM c
 )
-SELECT *, seq AS k FROM k WHERE seq IS NOT NULL
+SELECT *, seq AS k FROM k WHERE seq IS NOT NULL AND NOT is_p2p
 UNION ALL
-SELECT * EXCLUDE (slot, nth),
-    CASE WHEN slot >= (1::BIGINT << 15) OR nth >= (1::BIGINT << 20)
-         THEN error('match: more than 32,767 steps, or 1,048,575 calls of one group in a step, without sequence numbers')
-         ELSE (1::BIGINT << 35) | (slot << 20) | nth END AS k
+SELECT * EXCLUDE (slot, nth, nth_bits),
+    CASE WHEN nth >= (1::BIGINT << nth_bits)
+         THEN error('match: too many calls of one group in one step, and too many steps, to number them without sequence numbers')
+         ELSE (1::BIGINT << 35) | (slot << nth_bits) | nth END AS k
 FROM (
-    SELECT k.*, coalesce(s.slot, 0::BIGINT) AS slot,
-        CAST(row_number() OVER (PARTITION BY k.rank, k.gid, k.src_rank, k.dst_rank, k.step ORDER BY k.call_index) AS BIGINT) AS nth
-    FROM k LEFT JOIN _match_slots s ON s.step = k.step
-    WHERE k.seq IS NULL
+    SELECT k.*, s.slot, b.nth_bits,
+        CAST(row_number() OVER (PARTITION BY k.rank, k.gid, k.src_rank, k.dst_rank, k.step, k.seq
+                                ORDER BY k.call_index) AS BIGINT) AS nth
+    FROM k JOIN _match_slots s ON s.step IS NOT DISTINCT FROM k.step AND s.seq IS NOT DISTINCT FROM k.seq
+    CROSS JOIN _match_slot_bits b
+    WHERE k.seq IS NULL OR k.is_p2p
 );
 
 CREATE OR REPLACE TEMP TABLE _match_pairs AS
@@ -205,7 +215,7 @@ LEFT JOIN ranks d ON d.run_id = $run_id AND d.rank = p.dst_rank;
 -- a seq below 2^35, where the keys of calls without one begin).
 CREATE OR REPLACE TEMP MACRO _match_calls(rid) AS TABLE
 SELECT b.*,
-    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR (b.seq IS NOT NULL AND b.k >= (1::BIGINT << 35)) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
+    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR (b.seq IS NOT NULL AND NOT b.is_p2p AND b.k >= (1::BIGINT << 35)) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
          THEN error('match: a sequence number, group or pair count beyond the instance key''s range')
          WHEN b.is_p2p THEN (1::BIGINT << 62) | (p.pair_id << 36) | b.k
          ELSE (b.gid << 36) | b.k END AS instance_id

@@ -13,7 +13,7 @@ import duckdb
 
 from bprof.errors import DataError, UsageError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 DEFAULT_DB = Path("bprof.duckdb")
 
 # version N -> SQL that turns a version-N store into version N+1. Each step repeats what schema.sql
@@ -375,6 +375,12 @@ COMMENT ON COLUMN exec_nodes.outputs IS 'The outputs, in the same form.';
 
 COMMENT ON COLUMN replays.item_kind IS 'op (one op signature), op_loop (a run of same-signature matmul calls in a row: a Python loop), op_chain (a short sequence of top-level ops wired output to input, read from the execution trace), collective (one collective signature) or collective_storm (all calls of one all_reduce group in a step).';
 COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: bf16, pad8, pad64, pad128, contiguous, bmm; for op chains compile (torch.compile of the chain); for collectives the same bytes per step in messages of another size: bucket (a storm''s calls fused into one), msg4x (every 4 calls of a storm fused), split4 (each call cut into 4).';
+""",
+    # 7 -> 8: send/recv take their peer from the trace (Dst Rank / Src Rank), and their seq says what
+    # torch's Seq on them is; runs ingested before keep their rows (re-ingest to read the peers)
+    7: """
+COMMENT ON COLUMN collectives.peer_rank IS 'Global rank of the other side of a send or recv, when known (the trace''s Dst Rank of a send or Src Rank of a recv, or bprof record); NULL for collectives.';
+COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number of a collective (trace Seq, or the Flight Recorder under bprof record); for send/recv the Seq torch writes, which is the group''s collective counter + 1 (the same for every message until the next collective), or under bprof record the message number of its (group, sender, receiver) pair.';
 """,
 }
 

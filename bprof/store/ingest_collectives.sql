@@ -13,6 +13,7 @@
 --    the k-th unlinked call of that op on the rank, only when their counts agree.
 -- 4. NCCL kernels and gloo ranges left over become kernel_only / gloo_only rows (older traces
 --    without CPU comm ops, or CPU-only traces with only worker ranges).
+-- 5. A send's peer is its Dst Rank, a recv's its Src Rank (their Seq numbers no message).
 CREATE OR REPLACE TEMP MACRO bprof_op_key(raw) AS
     replace(regexp_replace(lower(raw), '^(c10d::|_c10d_functional::|nccl:|gloo:|rccl:|p2p:|nccl(dev)?kernel_)', ''), '_', '');
 
@@ -194,7 +195,13 @@ WITH ev AS (
                                          + i * TRY_CAST(info ->> '$."Global rank stride"' AS INTEGER) AS INTEGER))
                  END) AS pg_ranks_,
         TRY_CAST(info ->> '$."Group size"' AS INTEGER) AS group_size_,
+        -- Format trap: on send/recv torch writes the group's collective counter + 1 as Seq, the same
+        -- for every message until the next collective; match.sql numbers the messages within it.
         TRY_CAST(info ->> '$.Seq' AS BIGINT) AS seq_,
+        -- the peer as a global rank: Dst Rank on a send, Src Rank on a recv (recent torch; the Rank
+        -- key of a send/recv is the peer's rank within the group, not a global rank)
+        CASE op WHEN 'send' THEN TRY_CAST(info ->> '$."Dst Rank"' AS INTEGER)
+                WHEN 'recv' THEN TRY_CAST(info ->> '$."Src Rank"' AS INTEGER) END AS peer_rank_,
         coalesce(info ->> '$.dtype', bprof_first_tensor_type(call_args), bprof_first_tensor_type(gloo_args),
                  bprof_nccl_reduction_dtype(kernel_name)) AS dtype_,
         coalesce(TRY_CAST(info ->> '$."In msg nelems"' AS BIGINT),
@@ -204,7 +211,7 @@ WITH ev AS (
 )
 SELECT $run_id, rank,
        CAST(row_number() OVER (PARTITION BY rank ORDER BY coalesce(cpu_ts_ns, device_ts_ns), raw_name) - 1 AS INTEGER),
-       op, raw_name, source, op IN ('send', 'recv'), NULL,
+       op, raw_name, source, op IN ('send', 'recv'), CASE WHEN peer_rank_ >= 0 THEN peer_rank_ END,
        pg_name_, pg_desc_, pg_ranks_, coalesce(group_size_, len(pg_ranks_)), seq_, dtype_,
        in_elems_, out_elems_,
        in_elems_ * bprof_dtype_bytes(dtype_), out_elems_ * bprof_dtype_bytes(dtype_),

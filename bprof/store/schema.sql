@@ -1,4 +1,4 @@
--- The bprof store, schema version 6. Every table and column is documented with COMMENT ON;
+-- The bprof store, schema version 8 (bprof.store.db.SCHEMA_VERSION). Every table and column is documented with COMMENT ON;
 -- tests/store/test_schema.py fails when one is not. Times are int64 nanoseconds: `*_ts_ns`
 -- on the rank's own clock (epoch-based), `*_dur_ns` durations. Sizes say their unit.
 
@@ -197,12 +197,12 @@ COMMENT ON COLUMN collectives.op IS 'Canonical op: all_reduce, all_gather, reduc
 COMMENT ON COLUMN collectives.raw_name IS 'Name as traced (c10d::allreduce_, record_param_comms Collective name, NCCL kernel or gloo range name).';
 COMMENT ON COLUMN collectives.source IS 'What the row was built from: c10d (a c10d::* CPU op, with its record_param_comms if any), record_param_comms, kernel_only (an NCCL kernel with no CPU op) or gloo_only (a gloo:* range with no CPU op).';
 COMMENT ON COLUMN collectives.is_p2p IS 'True for send and recv.';
-COMMENT ON COLUMN collectives.peer_rank IS 'Global rank of the other side of a send or recv, when known (bprof record); NULL for collectives.';
+COMMENT ON COLUMN collectives.peer_rank IS 'Global rank of the other side of a send or recv, when known (the trace''s Dst Rank of a send or Src Rank of a recv, or bprof record); NULL for collectives.';
 COMMENT ON COLUMN collectives.pg_name IS 'Process group name (id) when traced or implied by a single process group.';
 COMMENT ON COLUMN collectives.pg_desc IS 'Process group description (default_pg, DATA_PARALLEL_GROUP, ...).';
 COMMENT ON COLUMN collectives.pg_ranks IS 'Global ranks of the process group.';
 COMMENT ON COLUMN collectives.group_size IS 'Number of ranks in the process group.';
-COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number of a collective (trace Seq, or the Flight Recorder under bprof record); for send/recv under bprof record, the message number of its (group, sender, receiver) pair.';
+COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number of a collective (trace Seq, or the Flight Recorder under bprof record); for send/recv the Seq torch writes, which is the group''s collective counter + 1 (the same for every message until the next collective), or under bprof record the message number of its (group, sender, receiver) pair.';
 COMMENT ON COLUMN collectives.dtype IS 'Element type as traced (Float, BFloat16, float, c10::BFloat16, ...).';
 COMMENT ON COLUMN collectives.in_elems IS 'Input elements (In msg nelems, or the product of Input Dims).';
 COMMENT ON COLUMN collectives.out_elems IS 'Output elements (Out msg nelems), when traced.';

@@ -164,8 +164,11 @@ def test_p2p_pairs_by_sender_receiver_and_seq_or_by_order_within_the_step(tmp_pa
         SELECT m.* FROM match_members m JOIN match_instances i USING (run_id, instance_id)
         WHERE i.pg_name = '4' AND i.src_rank = 2 ORDER BY instance_id, rank""")]
     assert pairs == [(2, 100), (3, 90), (2, 200), (3, 210)]  # the k-th send with the k-th receive
-    [(severity, title, evidence)] = _findings(con, run_id)
-    assert severity == "critical" and (evidence["src_rank"], evidence["dst_rank"], evidence["ranks"]) == (3, 2, [2])
+    [(unknown, title, evidence), (severity, _, missing)] = _findings(con, run_id)
+    assert severity == "critical" and (missing["src_rank"], missing["dst_rank"], missing["ranks"]) == (3, 2, [2])
+    # the send without a peer: reported with its count, no time claimed
+    assert unknown == "warning" and title == "1 send/recv calls on group 8 (default_pg) stay unmatched: their peer is unknown"
+    assert (evidence["num_calls"], evidence["ranks"]) == (1, [1])
 
 
 def test_groups_over_the_same_ranks_keep_their_own_sequence_numbers(tmp_path, monkeypatch):

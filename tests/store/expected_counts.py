@@ -103,6 +103,14 @@ def expected(path: Path) -> dict:
                         and r["ts"] + r["dur"] <= c["ts"] + c["dur"]), key=lambda r: r["ts"])
         nelems = (inner[0].get("args") or {}).get("In msg nelems") if inner else None
         c10d_elems[(op_of(c["name"]), nelems if nelems is not None else first_input_elems(c.get("args") or {}))] += 1
+    # send/recv messages by (sender, receiver), from the peer torch writes on each side
+    p2p = Counter()
+    for r in rpcs:
+        a = r.get("args") or {}
+        peer = a.get("Dst Rank") if a.get("Collective name") == "send" else a.get("Src Rank")
+        if a.get("Collective name") in ("send", "recv") and peer is not None:
+            me = dist.get("rank")
+            p2p[(a["Collective name"], me, peer) if a["Collective name"] == "send" else ("recv", peer, me)] += 1
     waits = sum(1 for e in events if e.get("name") == "record_param_comms"
                 and (e.get("args") or {}).get("Collective name") == "wait")
     return {
@@ -116,4 +124,5 @@ def expected(path: Path) -> dict:
         "num_wait_records": waits,
         "kernel_steps": dict(kernel_steps),
         "c10d_elems": dict(c10d_elems),
+        "p2p_messages": dict(p2p),  # (send | recv, sender, receiver) -> calls
     }

@@ -9,7 +9,7 @@ from __future__ import annotations
 BASE_NS = 1790857026000000000
 NCCL_STREAM = 20
 COMPUTE_STREAM = 7
-CUPTI_CBID = {"cudaLaunchKernel": 211, "cuLaunchKernel": 307, "cuLaunchKernelEx": 652}
+CUPTI_CBID = {"cudaLaunchKernel": 211, "cudaLaunchKernelExC": 430, "cuLaunchKernel": 307, "cuLaunchKernelEx": 652}
 
 
 class _Builder:
@@ -112,3 +112,46 @@ def a100_ws16_empty_tensorlist(rank: int, world_size: int = 2) -> dict:
     trace = _trace(rank, world_size, b.events, "NVIDIA A100-SXM4-80GB", "2.14.3", list(range(world_size)))
     del trace["baseTimeNanoseconds"]
     return trace
+
+
+def pp4_plain_profiler_p2p(rank: int, steps=(1, 2), microbatches: int = 2, peers: bool = True) -> dict:
+    """A 4-stage pipeline taken with plain torch.profiler (no `bprof record`), one group of the 4
+    ranks: each microbatch's activation goes forward, its gradient back. torch writes the peer on
+    send (`Dst Rank`) and recv (`Src Rank`), global ranks; `Rank` is the peer's group rank, and
+    `Seq` is the group's collective counter + 1, the same for every message until the next
+    collective (here a loss all-reduce ends each step). `peers=False`: an older torch without them."""
+    b = _Builder(rank)
+    ranks = [0, 1, 2, 3]
+    t = 1000.0
+    for i, step in enumerate(steps):
+        seq = i + 1
+        b.cpu(f"ProfilerStep#{step}", t, 9000.0, cat="user_annotation")
+        messages = []
+        for mb in range(microbatches):
+            if rank > 0:
+                messages.append(("recv", rank - 1))
+            if rank < 3:
+                messages.append(("send", rank + 1))
+        for mb in range(microbatches):
+            if rank < 3:
+                messages.append(("recv", rank + 1))
+            if rank > 0:
+                messages.append(("send", rank - 1))
+        u = t + 100
+        for op, peer in messages:
+            args = _comm_args(op, ranks, 4096, 4096, "BFloat16", seq)
+            args["Rank"] = peer
+            if peers:
+                args["Dst Rank" if op == "send" else "Src Rank"] = peer
+            b.cpu("c10d::send" if op == "send" else "c10d::recv_", u, 60.0)
+            b.cpu("record_param_comms", u + 5, 40.0, args=args)
+            b.launch("cudaLaunchKernelExC", u + 10, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+                     u + 30, 200.0, stream=NCCL_STREAM, kernel_args=args)
+            u += 400
+        b.cpu("c10d::allreduce_", t + 8000, 50.0)
+        b.cpu("record_param_comms", t + 8005, 30.0, args={**_comm_args("allreduce", ranks, 1, 1, "Float", seq),
+                                                          "Rank": rank})
+        b.launch("cudaLaunchKernelExC", t + 8010, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+                 t + 8100, 100.0, stream=NCCL_STREAM)
+        t += 10_000
+    return _trace(rank, 4, b.events, "NVIDIA H100 80GB HBM3", "2.21.5", ranks)
