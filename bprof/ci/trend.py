@@ -14,7 +14,9 @@ same history gives the same answer.
 Ours, not a library's: MongoDB's signal-processing-algorithms 2.1.6 requires numpy < 2, and Apache
 Otava 0.8.0 pins numpy 2.2.0 and scipy < 1.17 (and brings BigQuery, Postgres and Slack clients), so
 neither installs beside bprof's other dependencies without downgrading them. On the histories of
-tests/ci/test_trend.py both found exactly the change points this module finds.
+tests/ci/test_trend.py the E-divisive of both (signal-processing-algorithms' e_divisive, Otava's
+compute_change_points_orig) found exactly the change points this module finds; Otava's default,
+windowed Hunter variant found two more in two of the single-shift histories.
 """
 
 from __future__ import annotations
