@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
+from bprof.whatif import graph
 from bprof.whatif.engine import StepGraph, _take
 from bprof.whatif.peers import PeerStep
 
@@ -149,13 +150,15 @@ def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced
     the caller must not use the connection while it iterates."""
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
                              [run_id]).fetchall()) if table_exists(con, "bubbles_stages") else {}
+    graph.prepare_host(con, run_id)
     with ThreadPoolExecutor(1) as reader:
         pending = reader.submit(_read_step, con, run_id, steps[0]) if steps else None
         for i in range(len(steps)):
             inst, m, spans = pending.result()
             pending = reader.submit(_read_step, con, run_id, steps[i + 1]) if i + 1 < len(steps) else None
             g = StepGraph.build(m["dense_id"], m["rank"], m["arrival_aligned_ns"], m["end_aligned_ns"],
-                                spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=inst["instance_id"])
+                                spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=inst["instance_id"],
+                                issue_ns=m["issue_ns"], host_waited=m["host_waited"])
             role = _take(m["role_id"], g.source_row)
             evidence.add(g, inst["ratio"][g.instance])
             del m
@@ -177,8 +180,11 @@ def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[
     members = read("""
         SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
             -- what the member does: its op and group size; a send and a recv are different roles
-            CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
+            CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id,
+            -- the issue and the host's wait, as the what-if graph has them (bprof/whatif/host.sql)
+            coalesce(h.issue_aligned_ns, m.arrival_aligned_ns) AS issue_ns, coalesce(h.host_waited, true) AS host_waited
         FROM match_members_aligned m JOIN _st_step i USING (instance_id)
+        LEFT JOIN whatif_host_members h ON h.instance_id = m.instance_id AND h.rank = m.rank AND h.call_index = m.call_index
         WHERE m.run_id = ? AND m.arrival_aligned_ns IS NOT NULL""", [run_id])
     spans = read("""
         SELECT s.rank, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,

@@ -1,20 +1,25 @@
 """The counterfactual engine: re-derive a step from its matched collectives with some ranks' work
 changed, to price a cause by how much shorter the step would be without it.
 
-Model (per step, aligned clocks). Each rank is a chain of arrivals at its collectives. A collective
-instance ends for a member `exit` after the LAST member's arrival (its transfer time as measured,
-per member): no member leaves before everyone arrived. Each arrival is anchored to the event that
-released it: the latest of its rank's earlier events (the arrivals and exits of its previous
-ANCHOR_DEPTH rows in the chain, and its span start) at or before it, measured; its work is the time
-from that anchor. A synchronous collective is released by the previous exit (the rank waited for
-it). A collective issued while others are in flight (DDP's buckets from autograd hooks, FSDP's
-prefetch, `async_op=True`) is released by the rank's previous arrival - the host went on working
-- so that a peer's delay on an earlier collective does not enter its work as a negative time; and
-one queued behind another on the same worker or stream by that one's exit. The span's end is
-anchored the same way. Replaying the chains in the order of the measured last arrivals reproduces
-the measured times exactly (tested); changing a rank's work and replaying shows how the delay it
-caused propagates through every group it shares, and the job's step (the longest rank) gets
-shorter by `lost_ns`.
+Model (per step, aligned clocks). Each rank is a chain of member rows, one per collective it joins;
+each row has three times: the issue (when the rank's training thread issued the call; on a device
+timeline, the arrival), the arrival (when its transfer could start on that rank) and the exit. A
+collective instance ends for a member `exit` after the LAST member's arrival (its transfer time as
+measured, per member): no member leaves before everyone arrived.
+- An issue is anchored to the event that released it: the latest of its rank's earlier issues and
+  of the exits its host waited for (the thread idle as they ended) among its previous ANCHOR_DEPTH
+  rows, at or before it, measured; the first row's to the span start. Its work is the time from
+  that anchor. A synchronous collective's successor is released by its exit; a collective issued
+  while others are in flight (DDP's buckets from autograd hooks, FSDP's prefetch, `async_op=True`)
+  by the rank's previous issue - the host went on working - so a peer's delay on an earlier
+  collective never enters its work as a negative time.
+- An arrival follows its issue, unless the call queued behind an exit of its rank (one ended after
+  it was issued and before it started: a busy worker thread or stream): then it follows that exit,
+  and never precedes its issue.
+- The span's end is anchored like an issue (usually to the last exit, which the host waits for).
+Replaying the chains in the order of the measured last arrivals reproduces the measured times
+exactly (tested); changing a rank's work and replaying shows how the delay it caused propagates
+through every group it shares, and the job's step (the longest rank) gets shorter by `lost_ns`.
 The what-if scenarios (bprof.whatif) and the straggler pricing (bprof.analyzers.stragglers) both replay
 with it; this module knows nothing about findings or scenarios.
 
@@ -32,9 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-# How many of a rank's previous rows in its chain an arrival may be anchored to (beyond them, the
-# nearest of these or the span start): DDP issues a bucket while the previous one or two are in flight.
+# How many of a rank's previous rows in its chain an issue or arrival may be anchored to (beyond
+# them, the previous exit): DDP issues a bucket while the previous one or two are in flight.
 ANCHOR_DEPTH = 8
+# An anchor is 0 (the span start) or back * 4 + kind: the issue (kind 0) or exit (kind 1) of the
+# row `back` rows before in the rank's chain.
+ISSUE, EXIT = 0, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +64,13 @@ class StepGraph:
     instance_ids: np.ndarray  # the caller's id of each dense instance index
     source_row: np.ndarray  # for each member row, its index in the arrays given to build()
     last_arrival_ns: np.ndarray  # per dense instance: its latest member arrival
-    work_in_order: np.ndarray  # measured work before each member row (from its anchor), in replay order (x[rows_by_instance])
+    work_in_order: np.ndarray  # measured work before each member row's issue (from its anchor), in replay order (x[rows_by_instance])
     exit_in_order: np.ndarray  # measured exit after the instance's last arrival, in replay order
     tail_ns: np.ndarray  # measured work after the span end's anchor (usually the last exit), per span rank
-    anchor_in_order: np.ndarray  # per row in replay order: its anchor (anchor_code), int8
-    tail_anchor: np.ndarray  # per span rank: the anchor of its span end (anchor_code), int8
+    anchor_in_order: np.ndarray  # per row in replay order: the anchor of its issue (ISSUE/EXIT code), int8
+    tail_anchor: np.ndarray  # per span rank: the anchor of its span end, int8
+    start_in_order: np.ndarray  # per row in replay order: arrival after its issue, or after its queue anchor
+    queue_in_order: np.ndarray  # per row in replay order: 0, or the EXIT code of the exit it queued behind, int8
 
     @functools.cached_property
     def arrival_ns(self) -> np.ndarray:
@@ -75,17 +85,23 @@ class StepGraph:
         return self._times[1]
 
     @functools.cached_property
-    def _times(self) -> tuple[np.ndarray, np.ndarray]:
+    def _times(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         arrival, end = np.empty(len(self.rank), dtype=np.int64), np.empty(len(self.rank), dtype=np.int64)
+        issue = np.empty(len(self.rank), dtype=np.int64)
         _chain_times(self.instance_ptr, self.instance_order, self.last_arrival_ns, self.span_by_instance,
                      self.rows_by_instance, self.work_in_order, self.exit_in_order, self.anchor_in_order,
-                     self.span_start_ns, arrival, end)
-        return arrival, end
+                     self.start_in_order, self.queue_in_order, self.span_start_ns, issue, arrival, end)
+        return arrival, end, issue
+
+    @property
+    def issue_ns(self) -> np.ndarray:
+        """Each member row's aligned issue (chain order): where its work segment ends."""
+        return self._times[2]
 
     @functools.cached_property
     def anchor_ns(self) -> np.ndarray:
         """Each member row's measured anchor (chain order): where its work segment starts."""
-        return self.arrival_ns - _by_row(self, self.work_in_order)
+        return self.issue_ns - _by_row(self, self.work_in_order)
 
     @property
     def tail_anchor_ns(self) -> np.ndarray:
@@ -94,12 +110,14 @@ class StepGraph:
 
     @classmethod
     def build(cls, instance, rank, arrival_ns, end_ns, span_rank, span_start_ns, span_end_ns,
-              instance_ids=None, previous_exit_only: bool = False) -> "StepGraph":
+              instance_ids=None, previous_exit_only: bool = False, issue_ns=None, host_waited=None) -> "StepGraph":
         """instance: each member row's instance id - or, when the caller has numbered the instances
         itself and gives their ids as `instance_ids`, each row's index into it (no sort needed).
         previous_exit_only: anchor every arrival to its rank's previous exit (the span start for the
         first) and every span end to the last exit, whatever the times say: for a graph whose times
-        are only an order (a modelled pipeline), not measurements."""
+        are only an order (a modelled pipeline), not measurements.
+        issue_ns: each row's issue (default: its arrival); host_waited: whether the rank's host was
+        idle as the row's collective ended (default: true), so that its exit may release an issue."""
         # int32 ranks and instance indices (as the store returns them) stay int32: 20 million rows
         # converted to int64 and gathered cost a second per step at 10,240 ranks
         instance, rank = np.asarray(instance), np.asarray(rank)
@@ -107,6 +125,9 @@ class StepGraph:
         if len(rank) and (rank.min() < 0 or rank.max() >= 1 << 31):
             raise ValueError("ranks outside 0..2^31-1")
         arrival_ns, end_ns = np.asarray(arrival_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64)
+        issue_ns = arrival_ns if issue_ns is None else np.minimum(np.asarray(issue_ns, dtype=np.int64), arrival_ns)
+        host_waited = (np.ones(len(arrival_ns), dtype=np.bool_) if host_waited is None
+                       else np.asarray(host_waited, dtype=np.bool_))
         span_rank = np.asarray(span_rank, dtype=np.int64)
         by_rank = np.argsort(span_rank, kind="stable")
         span_rank = span_rank[by_rank]
@@ -154,14 +175,16 @@ class StepGraph:
         # the store returns close to it), instead of gathers through the chain order
         span_by_instance = _take(row_span, by_inst)
         work_in_order, exit_in_order = np.empty(len(rank), dtype=np.int64), np.empty(len(rank), dtype=np.int64)
-        anchor_in_order = np.empty(len(rank), dtype=np.int8)
+        anchor_in_order, queue_in_order = np.empty(len(rank), dtype=np.int8), np.empty(len(rank), dtype=np.int8)
+        start_in_order = np.empty(len(rank), dtype=np.int64)
         tail_anchor = np.empty(len(span_rank), dtype=np.int8)
-        tail_base = _measured_in_order(by_pos, ptr, instance_order, last, arrival_ns, end_ns, span_by_instance,
-                                       span_start, span_end, work_in_order, exit_in_order, anchor_in_order, tail_anchor,
-                                       previous_exit_only)
+        tail_base = _measured_in_order(by_pos, ptr, instance_order, last, issue_ns, arrival_ns, end_ns, host_waited,
+                                       span_by_instance, span_start, span_end, work_in_order, exit_in_order,
+                                       anchor_in_order, start_in_order, queue_in_order, tail_anchor, previous_exit_only)
         return cls(g_dense.astype(idx, copy=False), g_rank.astype(np.int32, copy=False), span_rank,
                    span_start, span_end, row_span, instance_order, by_inst, ptr, span_by_instance, position, ids,
-                   order, last, work_in_order, exit_in_order, span_end - tail_base, anchor_in_order, tail_anchor)
+                   order, last, work_in_order, exit_in_order, span_end - tail_base, anchor_in_order, tail_anchor,
+                   start_in_order, queue_in_order)
 
     def members(self, k: int) -> np.ndarray:
         """The member rows of dense instance k."""
@@ -250,7 +273,8 @@ def replay_in_order(g: StepGraph, work_in_order: np.ndarray, exit_after_in_order
     replaying many variants of one step gathers once and changes a few entries per variant."""
     none = np.zeros(0, dtype=np.int64)
     exits = _replay_exits_many(g.instance_ptr, g.span_by_instance, work_in_order, exit_after_in_order, g.anchor_in_order,
-                               g.span_start_ns, g.tail_anchor, none, none, np.zeros(2, dtype=np.int64))[:, 0]
+                               g.start_in_order, g.queue_in_order, g.span_start_ns, g.tail_anchor, none, none,
+                               np.zeros(2, dtype=np.int64))[:, 0]
     ends = exits + np.asarray(tail, dtype=np.int64)
     step_ns = int(ends.max() - g.span_start_ns.min()) if len(ends) else 0
     return Replay(g.span_rank, ends, step_ns)
@@ -275,8 +299,8 @@ def replay_many(g: StepGraph, work_in_order: np.ndarray, exit_in_order: np.ndarr
             work.append(np.asarray(changes[i][1], dtype=np.int64)[by_position])
             counts.append(len(where))
         return _replay_exits_many(g.instance_ptr, g.span_by_instance, work_in_order, exit_in_order, g.anchor_in_order,
-                                  g.span_start_ns, g.tail_anchor, np.concatenate(at), np.concatenate(work),
-                                  np.cumsum(counts))
+                                  g.start_in_order, g.queue_in_order, g.span_start_ns, g.tail_anchor,
+                                  np.concatenate(at), np.concatenate(work), np.cumsum(counts))
 
     if len(parts) > 1:
         with ThreadPoolExecutor(len(parts)) as pool:
@@ -293,21 +317,22 @@ def replay_many(g: StepGraph, work_in_order: np.ndarray, exit_in_order: np.ndarr
 
 
 @numba.njit(cache=True, nogil=True)
-def _replay_exits_many(ptr, span, work, exit_after, anchor, span_start, tail_anchor, change_at, change_work,
-                       change_ptr):  # pragma: no cover - compiled
+def _replay_exits_many(ptr, span, work, exit_after, anchor, start, queue, span_start, tail_anchor, change_at,
+                       change_work, change_ptr):  # pragma: no cover - compiled
     """Algorithm: instances in the order of their measured last arrival (a topological order: a
-    member's anchor is an earlier row of its chain, and an exit follows its instance's last
+    member's anchors are earlier rows of its chain, and an exit follows its instance's last
     arrival); the arrays hold the member rows in that order, so the walk reads them in sequence. A
-    member arrives at its anchor's replayed time plus its work; the instance's exits follow its
-    latest arrival. Each span rank keeps its last ANCHOR_DEPTH arrivals and exits (a ring) for the
-    anchors to read. Several variants of the work at once (variant t replaces the work at positions
-    change_at[change_ptr[t]:change_ptr[t + 1]], ascending; one variant without changes is the plain
-    replay): each span rank keeps one ring per variant, side by side, so a row is read once for all
-    of them. Returns the replayed anchor of each span rank's end (its span start when it joined
-    nothing), one column per variant."""
+    member issues at its anchor's replayed time plus its work and arrives `start` after its issue -
+    or, queued, `start` after the exit it queued behind, never before its issue; the instance's
+    exits follow its latest arrival. Each span rank keeps its last ANCHOR_DEPTH issues and exits (a
+    ring) for the anchors to read. Several variants of the work at once (variant t replaces the work
+    at positions change_at[change_ptr[t]:change_ptr[t + 1]], ascending; one variant without changes
+    is the plain replay): each span rank keeps one ring per variant, side by side, so a row is read
+    once for all of them. Returns the replayed anchor of each span rank's end (its span start when it
+    joined nothing), one column per variant."""
     variants = len(change_ptr) - 1
     depth = ANCHOR_DEPTH
-    ring_arrival = np.empty((len(span_start), variants, depth), dtype=np.int64)
+    ring_issue = np.empty((len(span_start), variants, depth), dtype=np.int64)
     ring_exit = np.empty((len(span_start), variants, depth), dtype=np.int64)
     count = np.zeros(len(span_start), dtype=np.int64)
     cursor = change_ptr[:-1].copy()
@@ -315,7 +340,7 @@ def _replay_exits_many(ptr, span, work, exit_after, anchor, span_start, tail_anc
     widest = 0
     for k in range(len(ptr) - 1):
         widest = max(widest, ptr[k + 1] - ptr[k])
-    arrived = np.empty((widest, variants), dtype=np.int64)
+    issued = np.empty((widest, variants), dtype=np.int64)
     for k in range(len(ptr) - 1):
         latest[:] = np.iinfo(np.int64).min
         for j in range(ptr[k], ptr[k + 1]):
@@ -326,38 +351,35 @@ def _replay_exits_many(ptr, span, work, exit_after, anchor, span_start, tail_anc
                 if c < change_ptr[t + 1] and change_at[c] == j:
                     w = change_work[c]
                     cursor[t] = c + 1
-                arrive = _anchor_time(anchor[j], s, t, count, ring_arrival, ring_exit, span_start) + w
-                arrived[j - ptr[k], t] = arrive
+                issue = _anchor_time(anchor[j], s, t, count, ring_issue, ring_exit, span_start) + w
+                issued[j - ptr[k], t] = issue
+                if queue[j] == 0:
+                    arrive = issue + start[j]
+                else:
+                    arrive = max(issue, _anchor_time(queue[j], s, t, count, ring_issue, ring_exit, span_start) + start[j])
                 if arrive > latest[t]:
                     latest[t] = arrive
         for j in range(ptr[k], ptr[k + 1]):
             s = span[j]
             slot = count[s] % depth
             for t in range(variants):
-                ring_arrival[s, t, slot] = arrived[j - ptr[k], t]
+                ring_issue[s, t, slot] = issued[j - ptr[k], t]
                 ring_exit[s, t, slot] = latest[t] + exit_after[j]
             count[s] += 1
     out = np.empty((len(span_start), variants), dtype=np.int64)
     for s in range(len(span_start)):
         for t in range(variants):
-            out[s, t] = _anchor_time(tail_anchor[s], s, t, count, ring_arrival, ring_exit, span_start)
+            out[s, t] = _anchor_time(tail_anchor[s], s, t, count, ring_issue, ring_exit, span_start)
     return out
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _anchor_time(code, s, t, count, ring_arrival, ring_exit, span_start):  # pragma: no cover - compiled
-    """The time of anchor `code` (anchor_code) of span rank s in variant t."""
+def _anchor_time(code, s, t, count, ring_issue, ring_exit, span_start):  # pragma: no cover - compiled
+    """The time of anchor `code` of span rank s in variant t."""
     if code == 0:
         return span_start[s]
-    back = code >> 1
-    slot = (count[s] - back) % ANCHOR_DEPTH
-    return ring_exit[s, t, slot] if code & 1 else ring_arrival[s, t, slot]
-
-
-def anchor_code(back: int, is_exit: bool) -> int:
-    """An anchor as the engine stores it: 0 the span start, else the arrival (or exit) of the row
-    `back` rows before in the rank's chain (1 <= back <= ANCHOR_DEPTH): back * 2 + is_exit."""
-    return 0 if back == 0 else back * 2 + int(is_exit)
+    slot = (count[s] - (code >> 2)) % ANCHOR_DEPTH
+    return ring_exit[s, t, slot] if code & 3 == EXIT else ring_issue[s, t, slot]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -365,16 +387,16 @@ def _previous_exit(s, count, ring_exit, span_start):  # pragma: no cover - compi
     """(code, time) of span rank s's previous exit, its span start before its first row."""
     if count[s] == 0:
         return 0, span_start[s]
-    return 3, ring_exit[s, 0, (count[s] - 1) % ANCHOR_DEPTH]
+    return 4 + EXIT, ring_exit[s, 0, (count[s] - 1) % ANCHOR_DEPTH]
 
 
 @numba.njit(cache=True, nogil=True)
-def _choose_anchor(x, s, count, ring_arrival, ring_exit, span_start):  # pragma: no cover - compiled
+def _choose_anchor(x, s, count, ring_issue, ring_exit, ring_waited, span_start):  # pragma: no cover - compiled
     """(code, time) of the latest event of span rank s at or before time x among its last
-    ANCHOR_DEPTH rows' arrivals and exits (an exit before an arrival at the same time, a nearer row
-    before a farther one); the span start for its first row. When none is at or before x (an
-    arrival before its previous rows' events: collectives on several streams), the previous exit,
-    so that the work stays between neighbouring events and compares with its peers'."""
+    ANCHOR_DEPTH rows' issues and the exits its host waited for (an exit before an issue at the
+    same time, a nearer row before a farther one); the span start for its first row. When none is
+    at or before x (an issue before its previous rows' events: collectives on several streams), the
+    previous exit, so that the work stays between neighbouring events and compares with its peers'."""
     if count[s] == 0:
         return 0, span_start[s]
     best_code = -1
@@ -382,13 +404,25 @@ def _choose_anchor(x, s, count, ring_arrival, ring_exit, span_start):  # pragma:
     for back in range(1, min(count[s], ANCHOR_DEPTH) + 1):
         slot = (count[s] - back) % ANCHOR_DEPTH
         e = ring_exit[s, 0, slot]
-        if e <= x and (best_code < 0 or e > best_t):
-            best_code, best_t = back * 2 + 1, e
-        a = ring_arrival[s, 0, slot]
-        if a <= x and (best_code < 0 or a > best_t):
-            best_code, best_t = back * 2, a
+        if ring_waited[s, slot] and e <= x and (best_code < 0 or e > best_t):
+            best_code, best_t = back * 4 + EXIT, e
+        i = ring_issue[s, 0, slot]
+        if i <= x and (best_code < 0 or i > best_t):
+            best_code, best_t = back * 4 + ISSUE, i
     if best_code < 0:
         return _previous_exit(s, count, ring_exit, span_start)
+    return best_code, best_t
+
+
+@numba.njit(cache=True, nogil=True)
+def _queue_anchor(issue, arrival, s, count, ring_exit):  # pragma: no cover - compiled
+    """(code, time) of the latest exit of span rank s's last ANCHOR_DEPTH rows that ended after
+    `issue` and at or before `arrival` (the call waited for it to start), or (0, issue) when none."""
+    best_code, best_t = 0, issue
+    for back in range(1, min(count[s], ANCHOR_DEPTH) + 1):
+        e = ring_exit[s, 0, (count[s] - back) % ANCHOR_DEPTH]
+        if issue < e <= arrival and e > best_t:
+            best_code, best_t = back * 4 + EXIT, e
     return best_code, best_t
 
 
@@ -416,66 +450,79 @@ def _chain_and_replay_order(rank, position, dense, num_ranks, by_pos, order, by_
 
 
 @numba.njit(cache=True, nogil=True, parallel=True)
-def _measured_in_order(by_pos, ptr, instance_order, last, arrival, end, span, span_start, span_end, work, exit_after,
-                       anchor, tail_anchor, previous_exit_only):  # pragma: no cover - compiled
+def _measured_in_order(by_pos, ptr, instance_order, last, issue, arrival, end, waited, span, span_start, span_end,
+                       work, exit_after, anchor, start, queue, tail_anchor, previous_exit_only):  # pragma: no cover - compiled
     """Walk the rows in replay order (by_pos: the caller's rows; span: each one's span index): a
-    row's anchor is the latest earlier event of its rank (_choose_anchor over the rows before it in
-    its chain, which are the rows before it in the replay) and its work runs from there; its exit
-    follows its instance's last arrival. Fills work, exit_after, anchor and tail_anchor; returns each
-    span rank's measured anchor time of its span end. The gathers from the caller's rows (a jump per
-    instance) run on every core, the walk after them reads in sequence."""
+    row's issue anchor is the latest earlier event of its rank that may release it (_choose_anchor
+    over the rows before it in its chain, which are the rows before it in the replay) and its work
+    runs from there; its arrival follows its issue or the exit it queued behind (_queue_anchor); its
+    exit follows its instance's last arrival. Fills work, exit_after, anchor, start, queue and
+    tail_anchor; returns each span rank's measured anchor time of its span end. The gathers from the
+    caller's rows (a jump per instance) run on every core, the walk after them reads in sequence."""
     for k in numba.prange(len(ptr) - 1):
         latest = last[instance_order[k]]
         for j in range(ptr[k], ptr[k + 1]):
             i = by_pos[j]
-            work[j] = arrival[i]
             exit_after[j] = end[i] - latest
     depth = ANCHOR_DEPTH
-    ring_arrival = np.empty((len(span_start), 1, depth), dtype=np.int64)
+    ring_issue = np.empty((len(span_start), 1, depth), dtype=np.int64)
     ring_exit = np.empty((len(span_start), 1, depth), dtype=np.int64)
+    ring_waited = np.ones((len(span_start), depth), dtype=np.bool_)
     count = np.zeros(len(span_start), dtype=np.int64)
     for k in range(len(ptr) - 1):
         latest = last[instance_order[k]]
         for j in range(ptr[k], ptr[k + 1]):  # anchors from the rows before this instance
+            i, s = by_pos[j], span[j]
             if previous_exit_only:
-                code, t = _previous_exit(span[j], count, ring_exit, span_start)
-            else:
-                code, t = _choose_anchor(work[j], span[j], count, ring_arrival, ring_exit, span_start)
-            anchor[j] = code
-            work[j] -= t
+                code, t = _previous_exit(s, count, ring_exit, span_start)
+                anchor[j], work[j] = code, arrival[i] - t
+                queue[j], start[j] = 0, 0
+                continue
+            code, t = _choose_anchor(issue[i], s, count, ring_issue, ring_exit, ring_waited, span_start)
+            anchor[j], work[j] = code, issue[i] - t
+            code, t = _queue_anchor(issue[i], arrival[i], s, count, ring_exit)
+            queue[j], start[j] = code, arrival[i] - t
         for j in range(ptr[k], ptr[k + 1]):
-            s = span[j]
+            i, s = by_pos[j], span[j]
             slot = count[s] % depth
-            ring_arrival[s, 0, slot] = arrival[by_pos[j]]
+            ring_issue[s, 0, slot] = arrival[i] if previous_exit_only else issue[i]
             ring_exit[s, 0, slot] = latest + exit_after[j]
+            ring_waited[s, slot] = waited[i]
             count[s] += 1
     out = np.empty(len(span_start), dtype=np.int64)
     for s in range(len(span_start)):
         if previous_exit_only:
             code, t = _previous_exit(s, count, ring_exit, span_start)
         else:
-            code, t = _choose_anchor(span_end[s], s, count, ring_arrival, ring_exit, span_start)
+            code, t = _choose_anchor(span_end[s], s, count, ring_issue, ring_exit, ring_waited, span_start)
         tail_anchor[s] = code
         out[s] = t
     return out
 
 
 @numba.njit(cache=True, nogil=True)
-def _chain_times(ptr, instance_order, last, span, rows, work, exit_after, anchor, span_start, arrival, end):  # pragma: no cover - compiled
-    """The inverse of _measured_in_order: replaying the measured work reproduces every arrival and
-    exit exactly; each is written at its row's place in chain order (rows: rows_by_instance)."""
+def _chain_times(ptr, instance_order, last, span, rows, work, exit_after, anchor, start, queue, span_start,
+                 issue, arrival, end):  # pragma: no cover - compiled
+    """The inverse of _measured_in_order: replaying the measured work reproduces every issue,
+    arrival and exit exactly; each is written at its row's place in chain order (rows: rows_by_instance)."""
     depth = ANCHOR_DEPTH
-    ring_arrival = np.empty((len(span_start), 1, depth), dtype=np.int64)
+    ring_issue = np.empty((len(span_start), 1, depth), dtype=np.int64)
     ring_exit = np.empty((len(span_start), 1, depth), dtype=np.int64)
     count = np.zeros(len(span_start), dtype=np.int64)
     for k in range(len(ptr) - 1):
         latest = last[instance_order[k]]
         for j in range(ptr[k], ptr[k + 1]):
-            arrival[rows[j]] = _anchor_time(anchor[j], span[j], 0, count, ring_arrival, ring_exit, span_start) + work[j]
+            s = span[j]
+            x = _anchor_time(anchor[j], s, 0, count, ring_issue, ring_exit, span_start) + work[j]
+            issue[rows[j]] = x
+            if queue[j] == 0:
+                arrival[rows[j]] = x + start[j]
+            else:
+                arrival[rows[j]] = max(x, _anchor_time(queue[j], s, 0, count, ring_issue, ring_exit, span_start) + start[j])
         for j in range(ptr[k], ptr[k + 1]):
             s = span[j]
             slot = count[s] % depth
-            ring_arrival[s, 0, slot] = arrival[rows[j]]
+            ring_issue[s, 0, slot] = issue[rows[j]]
             e = latest + exit_after[j]
             end[rows[j]] = e
             ring_exit[s, 0, slot] = e

@@ -51,20 +51,25 @@ class StepModel:
 
     def segments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rank, start, end) on each rank's own clock of every work segment: the member rows' work
-        first, then one tail per span rank."""
+        (from its anchor to its issue) first, then one tail per span rank."""
         g = self.g
-        n = len(g.rank)
-        first = np.ones(n, dtype=bool)
-        first[1:] = g.rank[1:] != g.rank[:-1]
-        start = np.empty(n, dtype=np.int64)
-        start[1:] = g.end_ns[:-1]
-        start[first] = g.span_start_ns[g.row_span[first]]
         tail_start = g.span_end_ns - self.tail
         off = self.offset_ns
         rank = np.r_[g.rank.astype(np.int64), g.span_rank]
-        lo = np.r_[start - off[g.row_span], tail_start - off]
-        hi = np.r_[g.arrival_ns - off[g.row_span], g.span_end_ns - off]
+        lo = np.r_[g.anchor_ns - off[g.row_span], tail_start - off]
+        hi = np.r_[g.issue_ns - off[g.row_span], g.span_end_ns - off]
         return rank, lo, hi
+
+
+# host_waited looks this long before a collective's end for a CPU op on the training thread: gloo's
+# worker hands the result back within microseconds, and an op ending in that window was not waiting.
+WAIT_PROBE_NS = 20_000
+
+
+def prepare_host(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    """(Re)make the temp table whatif_host_members (host.sql): each member's issue on the training
+    thread and whether that thread waited for its end, on main-thread timelines."""
+    run_sql_file(con, "bprof.whatif", "host.sql", {"run_id": run_id, "wait_probe_ns": WAIT_PROBE_NS})
 
 
 def has_analysis(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
@@ -77,6 +82,7 @@ def has_analysis(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:
 
 def steps(con: duckdb.DuckDBPyConnection, run_id: int) -> Iterator[StepModel]:
     """The run's steps, one at a time (a 1,024-rank step holds millions of member rows)."""
+    prepare_host(con, run_id)
     run_sql_file(con, "bprof.whatif", "graph.sql", {"run_id": run_id})
     tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
     stage = dict(con.execute("SELECT rank, any_value(stage) FROM bubbles_stages WHERE run_id = ? GROUP BY rank",
@@ -91,7 +97,8 @@ def steps(con: duckdb.DuckDBPyConnection, run_id: int) -> Iterator[StepModel]:
 
 def _build(con, run_id: int, step: int, stage: dict, with_events: set[int]) -> StepModel:
     m = {k: np.asarray(v) for k, v in con.execute("""
-        SELECT dense_id, rank, arrival_ns, end_ns, role_id FROM _wi_members WHERE step = ?""", [step]).fetchnumpy().items()}
+        SELECT dense_id, rank, arrival_ns, end_ns, role_id, issue_ns, host_waited FROM _wi_members WHERE step = ?""",
+        [step]).fetchnumpy().items()}
     inst = {k: np.asarray(v) for k, v in con.execute("""
         SELECT dense_id, any_value(op) AS op, coalesce(any_value(bytes), -1) AS bytes, coalesce(any_value(group_size), 1) AS group_size,
             any_value(dim) AS dim
@@ -100,7 +107,8 @@ def _build(con, run_id: int, step: int, stage: dict, with_events: set[int]) -> S
         "SELECT rank, start_ns, end_ns, offset_ns FROM _wi_spans WHERE step = ? ORDER BY rank", [step]).fetchnumpy().items()}
     ids = np.arange(len(inst["dense_id"]), dtype=np.int64)
     g = StepGraph.build(m["dense_id"].astype(np.int64), m["rank"], m["arrival_ns"], m["end_ns"],
-                        spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=ids)
+                        spans["rank"], spans["start_ns"], spans["end_ns"], instance_ids=ids, issue_ns=m["issue_ns"],
+                        host_waited=m["host_waited"])
     role = m["role_id"][g.source_row].astype(np.int64)
     work, tail = work_segments(g)
     span_rank = g.span_rank.tolist()

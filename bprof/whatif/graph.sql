@@ -1,7 +1,7 @@
 -- What does each rank's step consist of, as the what-if replay needs it? The member rows of the
 -- collectives (the joins between ranks) and each rank's spans; graph.py builds one chain per rank
 -- and step from them and splits the work between collectives into parts (host gaps, kernel classes).
--- Reads match_instances, match_members(_aligned), timeline_spans, ranks, breakdown_groups; writes the temp tables _wi_members
+-- Reads match_instances, match_members(_aligned), timeline_spans, ranks, breakdown_groups, whatif_host_members; writes the temp tables _wi_members
 -- and _wi_spans (per step, read one step at a time).
 --
 -- Definitions.
@@ -16,6 +16,8 @@
 --   (as the straggler analysis numbers them).
 -- * dim: the parallel dimension of the instance's process group (breakdown_groups.dim: tp, dp,
 --   fsdp, pp, ...; NULL when the group is not classified).
+-- * issue_ns, host_waited: whatif_host_members (host.sql, run first); without a row there, the
+--   arrival and true.
 
 CREATE OR REPLACE TEMP TABLE _wi_spans AS
 SELECT s.rank, s.step, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
@@ -41,22 +43,24 @@ WITH joined AS (
     WHERE i.run_id = $run_id GROUP BY i.instance_id
 ), rows AS (
     SELECT i.step, m.instance_id, -1 AS solo_rank, m.rank, m.arrival_aligned_ns AS arrival_ns, m.end_aligned_ns AS end_ns,
-        i.op, i.bytes, i.group_size, i.is_p2p, i.src_rank
+        i.op, i.bytes, i.group_size, i.is_p2p, i.src_rank, m.call_index
     FROM match_members_aligned m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
     WHERE m.run_id = $run_id AND m.instance_id IN (SELECT instance_id FROM joined)
     UNION ALL
     SELECT m.step, m.instance_id, m.rank AS solo_rank, m.rank, m.arrival_ts_ns + coalesce(r.clock_offset_ns, 0),
-        m.end_ts_ns + coalesce(r.clock_offset_ns, 0), i.op, i.bytes, i.group_size, i.is_p2p, i.src_rank
+        m.end_ts_ns + coalesce(r.clock_offset_ns, 0), i.op, i.bytes, i.group_size, i.is_p2p, i.src_rank, m.call_index
     FROM match_members m JOIN match_instances i ON i.run_id = m.run_id AND i.instance_id = m.instance_id
     JOIN ranks r ON r.run_id = m.run_id AND r.rank = m.rank
     WHERE m.run_id = $run_id AND m.instance_id NOT IN (SELECT instance_id FROM joined)
       AND m.step IS NOT NULL AND m.arrival_ts_ns IS NOT NULL AND m.end_ts_ns IS NOT NULL
 )
 SELECT x.step, x.rank, x.arrival_ns, x.end_ns, x.instance_id, x.solo_rank,
+    coalesce(h.issue_aligned_ns, x.arrival_ns) AS issue_ns, coalesce(h.host_waited, true) AS host_waited,
     CAST(dense_rank() OVER (PARTITION BY x.step ORDER BY x.instance_id, x.solo_rank) - 1 AS BIGINT) AS dense_id,
     x.op, x.bytes, x.group_size, d.dim,
     CAST(2 * k.kind + CASE WHEN x.is_p2p AND x.rank = x.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id
 FROM rows x JOIN kinds k ON k.op = x.op AND k.group_size IS NOT DISTINCT FROM x.group_size
 LEFT JOIN dims d ON d.instance_id = x.instance_id
+LEFT JOIN whatif_host_members h ON h.instance_id = x.instance_id AND h.rank = x.rank AND h.call_index = x.call_index
 -- a member whose rank has no span in that step cannot be replayed in it: its time stays work
 JOIN _wi_spans s ON s.rank = x.rank AND s.step = x.step;
