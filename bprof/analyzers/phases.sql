@@ -47,7 +47,7 @@ COMMENT ON COLUMN phases_steps.num_device_ops IS 'Device operations (kernels, me
 
 CREATE TABLE IF NOT EXISTS phases_ranks (
     run_id INTEGER NOT NULL, rank INTEGER NOT NULL, phase VARCHAR NOT NULL, num_steps INTEGER NOT NULL,
-    median_ns BIGINT NOT NULL, share_frac DOUBLE NOT NULL, median_device_idle_ns BIGINT,
+    mean_ns BIGINT NOT NULL, median_ns BIGINT NOT NULL, share_frac DOUBLE NOT NULL, median_device_idle_ns BIGINT,
     PRIMARY KEY (run_id, rank, phase)
 );
 COMMENT ON TABLE phases_ranks IS 'Each rank''s phases over its analysed steps.';
@@ -55,8 +55,9 @@ COMMENT ON COLUMN phases_ranks.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN phases_ranks.rank IS 'Global rank.';
 COMMENT ON COLUMN phases_ranks.phase IS 'data_wait, forward, backward, recompute, optimizer or other.';
 COMMENT ON COLUMN phases_ranks.num_steps IS 'Number of step spans analysed.';
-COMMENT ON COLUMN phases_ranks.median_ns IS 'Median over steps of the phase''s wall time per step.';
-COMMENT ON COLUMN phases_ranks.share_frac IS 'Share of the rank''s total span time in this phase (time-weighted over steps).';
+COMMENT ON COLUMN phases_ranks.mean_ns IS 'The phase''s wall time over all analysed steps / num_steps: the per-step time that share_frac is the share of (mean_ns = share_frac x the mean step).';
+COMMENT ON COLUMN phases_ranks.median_ns IS 'Median over steps of the phase''s wall time per step (not comparable with share_frac when a few steps are unlike the rest).';
+COMMENT ON COLUMN phases_ranks.share_frac IS 'Share of the rank''s total span time in this phase (time-weighted over steps); the phases of a rank sum to 1.';
 COMMENT ON COLUMN phases_ranks.median_device_idle_ns IS 'Median over steps of phases_steps.device_idle_ns; NULL on CPU traces.';
 
 -- Host threads: the main thread of each rank, and every thread with backward ranges.
@@ -210,7 +211,7 @@ LEFT JOIN ops o ON o.rank = s.rank AND o.step = s.step AND o.phase = p.phase
 WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id);
 
 INSERT INTO phases_ranks
-SELECT $run_id, p.rank, p.phase, count(*), CAST(median(p.dur_ns) AS BIGINT),
+SELECT $run_id, p.rank, p.phase, count(*), CAST(round(avg(p.dur_ns)) AS BIGINT), CAST(median(p.dur_ns) AS BIGINT),
     sum(p.dur_ns) / sum(s.dur_ns), CAST(median(p.device_idle_ns) AS BIGINT)
 FROM phases_steps p JOIN timeline_spans s ON s.run_id = p.run_id AND s.rank = p.rank AND s.step = p.step
 WHERE p.run_id = $run_id

@@ -14,6 +14,7 @@ from rich.table import Table
 from bprof.analyzers.base import Options
 from bprof.analyzers.run import analyze_run, summary
 from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.dashboards.format import pct as _pct
 from bprof.errors import UsageError
 from bprof.store.db import open_store
 from bprof.store.limits import set_memory_limit
@@ -70,15 +71,7 @@ def _print(data: dict, top: int) -> None:
     run, m = data["run"], data["metrics"]
     console.print(f"[bold]run {run['run_id']}[/bold] {escape(run['name'])}  ranks {run['num_ranks_ingested']}/{run['world_size'] or '?'}"
                   f"  device {run['device_name'] or '?'}")
-    heads = []
-    for name, label, fmt in (("step_time_ns", "step time", lambda v: f"{v / 1e6:.2f} ms"),
-                             ("mfu_frac", "MFU", lambda v: f"{100 * v:.1f}%"),
-                             ("hfu_frac", "HFU", lambda v: f"{100 * v:.1f}%"),
-                             ("tokens_per_s_per_device", "tokens/s/device", lambda v: f"{v:,.0f}")):
-        if name in m:
-            v = m[name]["value"]
-            heads.append(f"{label} {fmt(v) if v is not None else 'not measurable'}")
-    console.print("  ".join(heads))
+    console.print(headline(m))
     ranks = Table("rank", "step", "compute", "exposed comm", "overlapped comm", "memcpy", "idle", "other", "comm overlap",
                   title="Where the step goes (share of the step span)")
     shown = sorted(data["ranks"], key=lambda r: -r["median_step_ns"])[:MAX_RANK_ROWS]
@@ -93,15 +86,9 @@ def _print(data: dict, top: int) -> None:
         console.print("kernel time by class: " + ", ".join(
             f"{escape(k['fine_class'])} {_pct(k['share_frac'])}" for k in data["kernel_classes"][:8]))
     if data.get("phases"):
-        by_phase: dict[str, list[dict]] = {}
-        for p in data["phases"]:
-            by_phase.setdefault(p["phase"], []).append(p)
-        phases = Table("phase", "per step (median rank)", "share", "longest", title="Phases")
-        for phase, rows in by_phase.items():
-            rows.sort(key=lambda p: p["median_ns"])
-            mid, longest = rows[len(rows) // 2], rows[-1]
-            phases.add_row(phase, f"{mid['median_ns'] / 1e6:.2f} ms", _pct(mid.get("share_frac")),
-                           f"{longest['median_ns'] / 1e6:.2f} ms on rank {longest['rank']}")
+        phases = Table(*PHASE_COLUMNS, title="Phases (per step on the median rank; share of its step time)")
+        for row in phase_rows(data["phases"]):
+            phases.add_row(*row)
         console.print(phases)
     findings = Table("lost/step", "severity", "finding", "advice", title="Findings, by time the step would get back")
     for f in data["findings"][:top]:
@@ -114,5 +101,35 @@ def _print(data: dict, top: int) -> None:
 MAX_RANK_ROWS = 16
 
 
-def _pct(v) -> str:
-    return "" if v is None else f"{100 * v:.1f}%"
+def headline(metrics: dict) -> str:
+    """The line under the run: step time, MFU, HFU, tokens/s, each as measured or 'not measurable'."""
+    heads = []
+    for name, label, fmt in (("step_time_ns", "step time", lambda v: f"{v / 1e6:.2f} ms"),
+                             ("mfu_frac", "MFU", _pct),
+                             ("hfu_frac", "HFU", _pct),
+                             ("tokens_per_s_per_device", "tokens/s/device", lambda v: f"{v:,.0f}")):
+        if name in metrics:
+            v = metrics[name]["value"]
+            heads.append(f"{label} {fmt(v) if v is not None else 'not measurable'}")
+    return "  ".join(heads)
+
+
+PHASE_COLUMNS = ("phase", "mean per step", "share", "median per step", "longest mean")
+
+
+def phase_rows(phases: list[dict]) -> list[tuple[str, ...]]:
+    """The phase table from phases_ranks rows. Each row shows one rank, the median rank by the
+    phase's mean time per step: its mean (total in the phase / its steps) beside its share of its
+    step time (total in the phase / total span), which is that mean over its mean step, so the two
+    columns agree and a rank's shares sum to 100%. The median over steps comes apart from both when
+    a few steps are unlike the rest (a long last step, a warm-up): it is shown in its own column."""
+    by_phase: dict[str, list[dict]] = {}
+    for p in phases:
+        by_phase.setdefault(p["phase"], []).append(p)
+    out = []
+    for phase, rows in by_phase.items():
+        rows = sorted(rows, key=lambda p: (p["mean_ns"], p["rank"]))
+        mid, longest = rows[len(rows) // 2], rows[-1]
+        out.append((phase, f"{mid['mean_ns'] / 1e6:.2f} ms", _pct(mid["share_frac"]),
+                    f"{mid['median_ns'] / 1e6:.2f} ms", f"{longest['mean_ns'] / 1e6:.2f} ms on rank {longest['rank']}"))
+    return out

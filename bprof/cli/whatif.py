@@ -10,6 +10,7 @@ import numpy as np
 import typer
 
 from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.dashboards.format import pct
 from bprof.store.db import open_store
 from bprof.store.runs import resolve_run
 
@@ -95,4 +96,4 @@ def _ms(ns) -> str:
 
 
 def _pct(frac) -> str:
-    return "n/a" if frac is None else f"{frac:.2%}"
+    return "n/a" if frac is None else pct(frac, 2)

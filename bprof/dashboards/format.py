@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 
 def ms(ns) -> str:
     return "" if ns is None else f"{ns / 1e6:.2f} ms"
 
 
-def pct(frac) -> str:
-    return "" if frac is None else f"{100 * frac:.1f}%"
+def pct(frac, decimals: int = 1) -> str:
+    """A fraction as a percentage: `decimals` decimals from 1% up (48.7%), at least two significant
+    digits below it (0.019%, 0.50%), so a small share never reads as 0.0%. Exactly zero is 0%."""
+    if frac is None:
+        return ""
+    percent = 100 * frac
+    if percent == 0:
+        return "0%"
+    if abs(percent) >= 1 or not math.isfinite(percent):
+        return f"{percent:.{decimals}f}%"
+    # two significant digits: 0.019 -> 3 decimals, 0.5 -> 2
+    small = max(decimals, 1 - math.floor(math.log10(abs(percent))))
+    text = f"{percent:.{small}f}"
+    if abs(float(text)) >= 1:  # 0.996 rounds up to 1.00: spell it as the larger ones are
+        return f"{percent:.{decimals}f}%"
+    return f"{text}%"
 
 
 def count(n) -> str:

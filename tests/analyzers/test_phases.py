@@ -90,6 +90,43 @@ def test_gpu_device_time_launched_from_each_phase_and_exposed_time(tmp_path, onl
     assert _phases(con, run_id, "num_device_ops")["forward"] == 1
 
 
+def test_mi300x_phase_table_shows_the_mean_beside_its_share(tmp_path, only_phases):
+    """MI300X ResNet: the table printed "other 1.83 ms 48.7%", the median step's time beside the share
+    of all steps, which a long last step (the device finishing its queue) dominates. The table shows
+    the mean per step beside the share: share = mean / mean step, and the median in its own column."""
+    from bprof.analyzers.run import summary
+    from bprof.cli.analyze import phase_rows
+
+    steps, events = [], []
+    for i, span in enumerate([1000, 1000, 4000]):
+        ts = 1000 * i
+        steps.append((0, i, ts, span))
+        events += [_op("aten::linear", ts, 400, seq=i),
+                   _op("autograd::engine::evaluate_function: MmBackward0", ts + 400, 400)]
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=steps, events=events)
+    analysis.analyze_run(con, run_id, Options())
+    rows = {p["phase"]: p for p in summary(con, run_id)["phases"]}
+    other = rows["other"]  # 200 ns in each of the first two steps, 3200 in the last
+    assert (other["mean_ns"], other["median_ns"], other["share_frac"]) == (1200, 200, pytest.approx(3600 / 6000))
+    assert other["mean_ns"] == pytest.approx(other["share_frac"] * 6000 / 3)
+    assert sum(p["share_frac"] for p in rows.values()) == pytest.approx(1.0)
+    shown = {r[0]: r[1:] for r in phase_rows(list(rows.values()))}
+    assert shown["other"] == ("0.00 ms", "60.0%", "0.00 ms", "0.00 ms on rank 0")
+    ms = {p: float(r[0].split()[0]) for p, r in shown.items()}  # ns runs print as 0.00 ms: check the rows' data
+    assert ms == {p: round(rows[p]["mean_ns"] / 1e6, 2) for p in rows}
+
+
+def test_mi300x_phase_table_rows_in_ms_agree_with_their_share():
+    """The same table on a millisecond-scale rank: the mean beside its share, the median apart."""
+    from bprof.cli.analyze import phase_rows
+
+    rows = [{"rank": 0, "phase": "other", "num_steps": 3, "mean_ns": 14_300_000, "median_ns": 1_830_000,
+             "share_frac": 14.3 / 29.4, "median_device_idle_ns": None},
+            {"rank": 1, "phase": "other", "num_steps": 3, "mean_ns": 15_000_000, "median_ns": 1_900_000,
+             "share_frac": 0.5, "median_device_idle_ns": None}]
+    assert phase_rows(rows) == [("other", "15.00 ms", "50.0%", "1.90 ms", "15.00 ms on rank 1")]
+
+
 def _stepped_waits(tmp_path, spans_ns, waits_ns):
     """One CPU rank, one step per span (back to back), each opening with a data wait of the given length."""
     steps, events, ts = [], [], 0
