@@ -7,7 +7,10 @@
 -- overlap. The last step (or one followed by a jump in step numbers) ends at the later of its CPU
 -- range end and the end of the last device activity it launched (the device may lag the CPU).
 -- A rank with no ProfilerStep range gets one span, step -1, over all its device activity (or all
--- its CPU ops on CPU traces): the whole trace.
+-- its CPU ops on CPU traces): the whole trace. Its main thread is the one with the most time in
+-- outermost ops that are not backward ranges, not simply the busiest: on GPU runs the autograd
+-- engine's thread runs the backward (nested ranges, often more op time than the main thread), and
+-- taking it for the main thread lost every forward op of the trace.
 
 CREATE TABLE IF NOT EXISTS timeline_spans (
     run_id INTEGER NOT NULL,
@@ -56,10 +59,20 @@ WITH dev AS (
     SELECT rank, mode(tid) AS tid FROM events
     WHERE run_id = $run_id AND kind = 'user_annotation' AND name LIKE 'ProfilerStep#%'
     GROUP BY rank
+), top_level AS (
+    -- only ranks that lack ProfilerStep ranges or steps rows need it: which ops are outermost on their thread
+    SELECT rank, tid, ts_ns, dur_ns,
+        (name LIKE 'autograd::engine::evaluate_function:%' OR name LIKE '%Backward%') AS is_bwd,
+        coalesce(max(ts_ns + dur_ns) OVER (PARTITION BY rank, tid ORDER BY ts_ns, dur_ns DESC
+                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), ts_ns) <= ts_ns AS outermost
+    FROM events
+    WHERE run_id = $run_id AND kind = 'cpu_op'
+      AND (rank NOT IN (SELECT rank FROM step_tid) OR rank NOT IN (SELECT rank FROM steps WHERE run_id = $run_id))
 ), busiest_tid AS (
-    SELECT rank, arg_max(tid, busy_ns) AS tid, min(first_ts_ns) AS first_ts_ns, max(last_end_ns) AS last_end_ns
-    FROM (SELECT rank, tid, sum(dur_ns) AS busy_ns, min(ts_ns) AS first_ts_ns, max(ts_ns + dur_ns) AS last_end_ns
-          FROM events WHERE run_id = $run_id AND kind = 'cpu_op' GROUP BY ALL)
+    SELECT rank, arg_max(tid, (drive_ns, busy_ns)) AS tid, min(first_ts_ns) AS first_ts_ns, max(last_end_ns) AS last_end_ns
+    FROM (SELECT rank, tid, sum(CASE WHEN outermost AND NOT is_bwd THEN dur_ns ELSE 0 END) AS drive_ns,
+              sum(dur_ns) AS busy_ns, min(ts_ns) AS first_ts_ns, max(ts_ns + dur_ns) AS last_end_ns
+          FROM top_level GROUP BY ALL)
     GROUP BY rank
 ), ranks AS (
     SELECT r.rank,

@@ -127,6 +127,46 @@ def test_mi300x_phase_table_rows_in_ms_agree_with_their_share():
     assert phase_rows(rows) == [("other", "15.00 ms", "50.0%", "1.90 ms", "15.00 ms on rank 1")]
 
 
+def test_trace_without_profiler_steps_counts_its_five_forward_passes(tmp_path, only_phases):
+    """A GPU trace without ProfilerStep ranges printed "backward 99.1%, forward 0.00 ms" over five
+    iterations: the one whole-trace span took the autograd thread (the most op time, its ranges
+    nested) for the main thread, so the forward ops on the real main thread were never read and the
+    backward filled the gaps. The main thread is the one whose outermost ops are not backward."""
+    main, autograd = "1", "2"
+    events, corr = [], 0
+    for i in range(5):
+        t = 10_000 * i
+        for j in range(2):  # forward: two ops, each launching a kernel
+            corr += 1
+            events += [_op("aten::linear", t + 1000 * j, 900, tid=main, seq=10 * i + j),
+                       _op("cudaLaunchKernel", t + 1000 * j + 100, 10, tid=main, kind="cuda_runtime", correlation=corr),
+                       {"kind": "kernel", "name": "ampere_sgemm_128x64_nn", "ts_ns": t + 1000 * j + 200, "dur_ns": 500,
+                        "correlation": corr}]
+        for j in range(2):  # backward on the autograd thread: nested ranges, more op time than the forward
+            b = t + 3000 + 3000 * j
+            corr += 1
+            events += [_op("autograd::engine::evaluate_function: MmBackward0", b, 2900, tid=autograd),
+                       _op("MmBackward0", b + 10, 2800, tid=autograd, seq=10 * i + j),
+                       _op("aten::mm", b + 20, 2700, tid=autograd),
+                       _op("cudaLaunchKernel", b + 30, 10, tid=autograd, kind="cuda_runtime", correlation=corr),
+                       {"kind": "kernel", "name": "ampere_sgemm_128x64_nn", "ts_ns": b + 100, "dur_ns": 2000,
+                        "correlation": corr}]
+    con, run_id = tiny_store(tmp_path / "s.duckdb", events=events)
+    analysis.analyze_run(con, run_id, Options())
+    assert con.execute("SELECT step, ts_ns, dur_ns, main_tid FROM timeline_spans WHERE run_id = ?",
+                       [run_id]).fetchall() == [(-1, 200, 48_100 - 200, main)]
+    assert dict(con.execute("SELECT tid, role FROM timeline_threads WHERE run_id = ?", [run_id]).fetchall()) == \
+        {main: "main", autograd: "backward"}
+    # forward: 1900 per iteration, the first clipped by the span's start at the first kernel (200);
+    # backward: 5900 per iteration, the last clipped at the last kernel's end (48,100); other: the
+    # 1100 between forward and backward in each iteration, and between backward and the next forward
+    assert _phases(con, run_id, step=-1) == {"forward": 5 * 1900 - 200, "backward": 5 * 5900 - 800,
+                                             "other": 5 * 1100 + 4 * 1100, "data_wait": 0, "recompute": 0,
+                                             "optimizer": 0}
+    # every forward launch but the first, which precedes the span (it starts at the first kernel)
+    assert _phases(con, run_id, "num_device_ops", step=-1)["forward"] == 9
+
+
 def _stepped_waits(tmp_path, spans_ns, waits_ns):
     """One CPU rank, one step per span (back to back), each opening with a data wait of the given length."""
     steps, events, ts = [], [], 0
