@@ -10,7 +10,8 @@
 --   span: a ProfilerStep boundary can fall inside Optimizer.step).
 -- * data_wait: inside a data-loading range (`enumerate(DataLoader)#...__next__`, or any range whose
 --   name contains "dataloader", such as bprof/dataloader). A rank with no such range anywhere: the
---   host-idle time (in no op at all) of a step before its first forward op.
+--   host-idle time (in no op and no CUDA runtime call: a cudaDeviceSynchronize waits for the device)
+--   of a step before its first forward op.
 -- * backward: inside an `autograd::engine::evaluate_function: ...` range or a `*Backward*` op.
 -- * recompute: an op with a `Sequence number` inside a backward range: activation checkpointing
 --   re-runs the forward during the backward (torch.utils.checkpoint, reentrant or not, shows no
@@ -104,7 +105,7 @@ SELECT n.*, s.seq_known, d.data_known,
 FROM nested n JOIN seq_known s USING (rank) JOIN data_known d USING (rank);
 
 -- The intervals of every span, clipped to it: 0 optimizer, 1 data_wait, 2 recompute, 3 backward,
--- 4 forward, 5 device activity (GPU traces), 6 any host op, 7 the span itself.
+-- 4 forward, 5 device activity (GPU traces), 6 any host op or runtime call, 7 the span itself.
 CREATE OR REPLACE TEMP TABLE _phases_iv AS
 WITH spans AS (
     SELECT rank, step, ts_ns, ts_ns + dur_ns AS end_ns FROM timeline_spans WHERE run_id = $run_id AND dur_ns > 0
@@ -112,6 +113,13 @@ WITH spans AS (
     SELECT rank, tid, ts_ns, end_ns, cls FROM _phases_host WHERE cls IS NOT NULL
     UNION ALL
     SELECT rank, tid, ts_ns, end_ns, 6 FROM _phases_host WHERE kind = 'cpu_op'
+    UNION ALL
+    -- a CUDA/HIP runtime or driver call outside every op is the host at work too: most often a
+    -- synchronize (torch.cuda.synchronize() records no op, only cudaDeviceSynchronize), which is
+    -- waiting for the device, never for data
+    SELECT e.rank, e.tid, e.ts_ns, e.ts_ns + e.dur_ns, 6
+    FROM events e JOIN _phases_threads t ON t.rank = e.rank AND t.tid = e.tid
+    WHERE e.run_id = $run_id AND e.kind IN ('cuda_runtime', 'cuda_driver') AND e.dur_ns > 0
     UNION ALL
     SELECT rank, 'stream ' || coalesce(stream, -1), ts_ns, ts_ns + dur_ns, 5 FROM events
     WHERE run_id = $run_id AND kind IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND dur_ns > 0

@@ -167,6 +167,27 @@ def test_trace_without_profiler_steps_counts_its_five_forward_passes(tmp_path, o
     assert _phases(con, run_id, "num_device_ops", step=-1)["forward"] == 9
 
 
+def test_h100_qwen_sync_not_data_wait(tmp_path, only_phases):
+    """H100 Qwen: torch.cuda.synchronize() at the top of the step records no op, only a
+    cudaDeviceSynchronize runtime call; bprof took that host time, before the first forward op and
+    in no op, for waiting on data (14.38 ms, 29.1%). A sync waits for the device: it is other."""
+    main, autograd = "1", "2"
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=[(0, 1, 0, 1000)], events=[
+        {"kind": "kernel", "name": "ampere_sgemm_128x64_nn", "ts_ns": 0, "dur_ns": 200},  # the last step's work
+        _op("cudaDeviceSynchronize", 0, 300, tid=main, kind="cuda_runtime"),
+        _op("aten::linear", 300, 200, tid=main, seq=1),
+        _op("cudaLaunchKernel", 310, 10, tid=main, kind="cuda_runtime", correlation=1),
+        {"kind": "kernel", "name": "ampere_sgemm_128x64_nn", "ts_ns": 320, "dur_ns": 300, "correlation": 1},
+        _op("autograd::engine::evaluate_function: MmBackward0", 600, 300, tid=autograd),
+        _op("cudaLaunchKernel", 610, 10, tid=autograd, kind="cuda_runtime", correlation=2),
+        {"kind": "kernel", "name": "ampere_sgemm_128x64_nn", "ts_ns": 620, "dur_ns": 300, "correlation": 2},
+    ])
+    analysis.analyze_run(con, run_id, Options())
+    assert _phases(con, run_id) == {"data_wait": 0, "forward": 200, "backward": 300, "recompute": 0, "optimizer": 0,
+                                    "other": 300 + 100 + 100}
+    assert con.execute("SELECT count(*) FROM findings WHERE run_id = ? AND analyzer = 'phases'", [run_id]).fetchone()[0] == 0
+
+
 def _stepped_waits(tmp_path, spans_ns, waits_ns):
     """One CPU rank, one step per span (back to back), each opening with a data wait of the given length."""
     steps, events, ts = [], [], 0
