@@ -152,18 +152,27 @@ SELECT e.*,
 FROM e LEFT JOIN clocks c USING (gid);
 
 -- Every call of run `rid` with its group, sender and receiver (p2p) and match number k:
--- * a collective with a seq: its seq;
+-- * a call with a seq that numbers its instances: that seq (collectives; send/recv when no rank
+--   has two calls of one group, direction and peer with the same seq: bprof record's per-pair
+--   message numbers);
 -- * any other call: 2^35 | slot << nth_bits | nth, nth being its place among the calls of its
 --   group (pair) on its rank with the same step and seq, slot the place of that (step, seq) among
---   the run's (_match_slots). A p2p call's seq alone does not number its messages: torch writes on
---   send/recv the group's collective counter + 1, the same for every message until the next
---   collective (bprof record's are message numbers: then nth is 1). The bits go to slot and nth as
---   the run needs them, so k stays below 2^36 whatever the step numbers and sequence numbers.
+--   the run's (_match_slots). This numbers send/recv under torch's Seq, which is the group's
+--   collective counter + 1, the same for every message until the next collective, and calls
+--   without a seq by their order within the step. The bits go to slot and nth as the run needs
+--   them, so k stays below 2^36 whatever the step numbers and sequence numbers.
 -- Every operand is BIGINT from the start: DuckDB checks INTEGER shifts, and raised on the first
 -- call outside every step (524287 << 16).
+-- a variable, not a one-row table: a subquery in the macro's filters costs twice the memory
+SET VARIABLE match_p2p_seq_numbers = (
+    SELECT count(*) = 0 FROM (
+        SELECT 1 FROM collectives WHERE run_id = $run_id AND is_p2p AND seq IS NOT NULL
+        GROUP BY rank, pg_name, pg_ranks, op, peer_rank, seq HAVING count(*) > 1));
+
 CREATE OR REPLACE TEMP TABLE _match_slots AS
 SELECT step, seq, CAST(row_number() OVER (ORDER BY step NULLS FIRST, seq NULLS FIRST) AS BIGINT) AS slot
-FROM (SELECT DISTINCT step, seq FROM collectives WHERE run_id = $run_id AND (seq IS NULL OR is_p2p));
+FROM (SELECT DISTINCT step, seq FROM collectives
+      WHERE run_id = $run_id AND (seq IS NULL OR is_p2p AND NOT getvariable('match_p2p_seq_numbers')));
 
 CREATE OR REPLACE TEMP TABLE _match_slot_bits AS
 SELECT CAST(35 - length(bin(count(*))) AS BIGINT) AS nth_bits FROM _match_slots;
@@ -188,7 +197,7 @@ WITH c AS (
              WHEN op IN ('reduce_scatter', 'scatter') THEN coalesce(out_elems, in_elems) END AS cmp_elems
     FROM c
 )
-SELECT *, seq AS k FROM k WHERE seq IS NOT NULL AND NOT is_p2p
+SELECT *, seq AS k FROM k WHERE seq IS NOT NULL AND (NOT is_p2p OR getvariable('match_p2p_seq_numbers'))
 UNION ALL
 SELECT * EXCLUDE (slot, nth, nth_bits),
     CASE WHEN nth >= (1::BIGINT << nth_bits)
@@ -200,7 +209,7 @@ FROM (
                                 ORDER BY k.call_index) AS BIGINT) AS nth
     FROM k JOIN _match_slots s ON s.step IS NOT DISTINCT FROM k.step AND s.seq IS NOT DISTINCT FROM k.seq
     CROSS JOIN _match_slot_bits b
-    WHERE k.seq IS NULL OR k.is_p2p
+    WHERE k.seq IS NULL OR k.is_p2p AND NOT getvariable('match_p2p_seq_numbers')
 );
 
 CREATE OR REPLACE TEMP TABLE _match_pairs AS
@@ -215,7 +224,7 @@ LEFT JOIN ranks d ON d.run_id = $run_id AND d.rank = p.dst_rank;
 -- a seq below 2^35, where the keys of calls without one begin).
 CREATE OR REPLACE TEMP MACRO _match_calls(rid) AS TABLE
 SELECT b.*,
-    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR (b.seq IS NOT NULL AND NOT b.is_p2p AND b.k >= (1::BIGINT << 35)) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
+    CASE WHEN b.k < 0 OR b.k >= (1::BIGINT << 36) OR (b.k = b.seq AND b.seq >= (1::BIGINT << 35)) OR b.gid >= (1::BIGINT << 26) OR coalesce(p.pair_id, 0) >= (1::BIGINT << 26)
          THEN error('match: a sequence number, group or pair count beyond the instance key''s range')
          WHEN b.is_p2p THEN (1::BIGINT << 62) | (p.pair_id << 36) | b.k
          ELSE (b.gid << 36) | b.k END AS instance_id
@@ -375,3 +384,5 @@ JOIN _match_groups g USING (gid);
 INSERT INTO match_members
 SELECT $run_id, instance_id, rank, call_index, step, arrival_ts_ns, end_ts_ns
 FROM _match_calls($run_id);
+
+RESET VARIABLE match_p2p_seq_numbers;
