@@ -30,6 +30,9 @@ class RunFiles:
     default_name: str
     files: tuple[Path, ...]
     reduced: bool = False  # files are rank<R>.reduced directories, not traces
+    # the files named on their own (not found in a directory): one of them that is no trace is an
+    # error, while a stray .json found beside the rank traces (a config, a sidecar) is skipped
+    named: frozenset[Path] = frozenset()
 
 
 def is_trace_name(path: Path) -> bool:
@@ -100,7 +103,8 @@ def discover(paths: list[Path], prefer_reduced: bool = False) -> list[RunFiles]:
                          "outputs as separate runs")
     if loose:
         name = _dir_name(first) if first.is_dir() else _file_stem(first)
-        runs.insert(0, RunFiles(name, tuple(sorted(set(loose)))))
+        named = frozenset(Path(p) for p in paths if Path(p).is_file())
+        runs.insert(0, RunFiles(name, tuple(sorted(set(loose))), named=named))
     if reduced:
         runs.insert(0, RunFiles(_reduced_run_name(first), tuple(sorted(reduced)), reduced=True))
     return runs

@@ -24,7 +24,7 @@ from bprof.errors import DataError, UsageError
 from bprof.store.chrome_export import CALL_FIELDS, CALLS_META_KEY, is_export, unpack_export
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.exec_trace import load_exec_traces
-from bprof.store.kineto_file import SplitTrace, split_trace
+from bprof.store.kineto_file import NotATrace, SplitTrace, split_trace
 from bprof.store.limits import set_memory_limit
 from bprof.store.reduce import check_one_run, load_reduced, read_manifest
 from bprof.store.sqlfile import run_sql_file
@@ -104,15 +104,18 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     result = IngestResult(run_id, name, created=True)
     seen_ranks: dict[int, Path] = {}
     metas: dict[int, dict] = {}
+    skipped: list[str] = []
     done = 0
     with tempfile.TemporaryDirectory(prefix="bprof-ingest-", dir=options.work_dir) as tmp, \
             ThreadPoolExecutor(max(1, options.workers)) as pool:
         batches = [run.files[i:i + options.batch_files] for i in range(0, len(run.files), options.batch_files)]
-        pending = _submit_batch(pool, batches[0], Path(tmp), 0) if batches else []
+        pending = _submit_batch(pool, batches[0], Path(tmp), 0, run.named) if batches else []
         for b, files in enumerate(batches):
-            splits = [s for f in pending for s in f.result()]
+            results = [f.result() for f in pending]
+            splits = [s for found, _ in results for s in found]
+            skipped += [why for _, why in results if why]
             # start inflating the next batch while DuckDB scans this one
-            pending = _submit_batch(pool, batches[b + 1], Path(tmp), b + 1) if b + 1 < len(batches) else []
+            pending = _submit_batch(pool, batches[b + 1], Path(tmp), b + 1, run.named) if b + 1 < len(batches) else []
             batch = []
             for split in splits:
                 rank = rank_of(split.path, split.metadata, options.rank)
@@ -121,7 +124,8 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
                 seen_ranks[rank] = split.path
                 metas[rank] = split.metadata
                 batch.append((rank, split))
-            _load_batch(con, run_id, batch, hashes)
+            if batch:
+                _load_batch(con, run_id, batch, hashes)
             for _, split in batch:
                 for part in split.array_paths:
                     part.unlink(missing_ok=True)
@@ -129,6 +133,8 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
             done += len(files)
             if progress:
                 progress(done, len(run.files))
+    if not seen_ranks:
+        raise DataError("no trace among the files: " + "; ".join(skipped))
     _run_sql(con, "ingest_collectives.sql", run_id)
     recorded = _load_recorded_meta(con, run_id, seen_ranks)
     _run_sql(con, "ingest_flight_recorder.sql", run_id)
@@ -137,7 +143,7 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     load_exec_traces(con, run_id, seen_ranks)
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
-    result.warnings = _finish_run(con, run_id, metas)
+    result.warnings = skipped + _finish_run(con, run_id, metas)
     _label_run(con, run_id, options)
     result.num_ranks = len(seen_ranks)
     result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
@@ -182,15 +188,21 @@ def _insert_run(con, run: RunFiles, name: str, fingerprint: str) -> int:
     ).fetchone()[0]
 
 
-def _submit_batch(pool: ThreadPoolExecutor, files, tmp: Path, batch_index: int):
-    return [pool.submit(_split, f, tmp / f"b{batch_index}-{i}.json") for i, f in enumerate(files)]
+def _submit_batch(pool: ThreadPoolExecutor, files, tmp: Path, batch_index: int, named: frozenset[Path]):
+    return [pool.submit(_split, f, tmp / f"b{batch_index}-{i}.json", f not in named) for i, f in enumerate(files)]
 
 
-def _split(path: Path, array_path: Path) -> list[SplitTrace]:
+def _split(path: Path, array_path: Path, skip_non_trace: bool) -> tuple[list[SplitTrace], str | None]:
     """A trace file's events array(s) and metadata: one per rank (a `bprof export --perfetto` file
-    holds several)."""
-    split = split_trace(path, array_path)
-    return unpack_export(split, array_path) if is_export(split.metadata) else [split]
+    holds several). A JSON object without traceEvents found in a directory (a config or sidecar
+    beside the rank traces) is skipped: no split, and the warning that names it."""
+    try:
+        split = split_trace(path, array_path)
+    except NotATrace:
+        if not skip_non_trace:
+            raise
+        return [], f"{path}: skipped, not a trace (a JSON object without a traceEvents array)"
+    return (unpack_export(split, array_path) if is_export(split.metadata) else [split]), None
 
 
 def _load_export_calls(con, run_id: int, metas: dict[int, dict]) -> None:

@@ -35,6 +35,10 @@ _ARRAY_END_CANDIDATE = re.compile(rb'(?:\}|\[)\s*(\])\s*(?:,\s*"|\}\s*$)')
 _EVENT_BOUNDARY = re.compile(rb'(\})[ \t\r]*(?:,[ \t\r]*\n|\n\s*,)\s*(\{)\s*"(?:ph|name|cat)"\s*:')
 
 
+class NotATrace(DataError):
+    """The file is a JSON object without a traceEvents key: a config or sidecar, not a trace."""
+
+
 @dataclass(frozen=True)
 class SplitTrace:
     """One trace file after splitting: its events as one or more JSON arrays, and its metadata."""
@@ -51,7 +55,7 @@ def split_trace(path: Path, array_path: Path) -> SplitTrace:
     """Stream `path` into work files named after `array_path` and return the metadata.
 
     Raises DataError naming the file on truncated gzip, invalid JSON around the array, a
-    missing traceEvents key or an empty event list.
+    missing traceEvents key (NotATrace when the whole object has none) or an empty event list.
     """
     path = Path(path)
     header = bytearray()
@@ -196,7 +200,7 @@ def _scan_header(buf: bytes, path: Path, final: bool) -> tuple[dict, int] | None
         i = _skip_ws(text, i + 1)
         while True:
             if text[i] == "}":
-                raise DataError(f"{path}: no traceEvents array (not a Kineto/Chrome trace?)")
+                raise NotATrace(f"{path}: no traceEvents array (not a Kineto/Chrome trace?)")
             key, i = decoder.raw_decode(text, i)
             i = _skip_ws(text, i)
             _expect(text, i, ":")

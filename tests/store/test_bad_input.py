@@ -76,10 +76,38 @@ def test_no_events(store, tmp_path, good_run):
     assert snapshot(store) == good_run
 
 
-def test_no_trace_events_key(store, tmp_path, good_run):
+def test_a_stray_json_beside_the_rank_traces_is_skipped_with_a_warning_naming_it(store, tmp_path, good_run):
+    """A config or sidecar .json in the run directory made the whole ingest fail ("no traceEvents
+    array"): it is skipped, and only it."""
     d = run_dir(tmp_path)
-    (d / "rank1.json").write_text(json.dumps({"schemaVersion": 1, "other": [1, 2]}))
+    write(d / "rank1.json.gz", modern_trace(1))
+    (d / "config.json").write_text(json.dumps({"model": {"layers": 2}, "lr": 0.1}))
+    [r] = ingest_paths(store, [d])
+    assert r.warnings == [f"{d / 'config.json'}: skipped, not a trace (a JSON object without a traceEvents array)"]
+    assert (r.num_ranks, r.created) == (2, True)
+    assert store.execute("SELECT list(trace_path ORDER BY rank) FROM ranks WHERE run_id = ?", [r.run_id]).fetchone()[0] \
+        == [str(d / "rank0.json.gz"), str(d / "rank1.json.gz")]
+
+
+def test_a_file_named_on_its_own_that_is_no_trace_stays_an_error(store, tmp_path, good_run):
+    path = tmp_path / "rank1.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "other": [1, 2]}))
+    with pytest.raises(DataError, match=r"rank1\.json: no traceEvents array") as err:
+        ingest_paths(store, [path])
+    assert err.value.exit_code == 3
+    assert snapshot(store) == good_run
+    # beside a trace named on its own too: still an error, nothing ingested
     with pytest.raises(DataError, match=r"rank1\.json: no traceEvents array"):
+        ingest_paths(store, [run_dir(tmp_path) / "rank0.json.gz", path])
+    assert snapshot(store) == good_run
+
+
+def test_a_directory_without_any_trace_is_an_error(store, tmp_path, good_run):
+    d = tmp_path / "configs"
+    d.mkdir()
+    (d / "a.json").write_text("{}")
+    (d / "b.json").write_text(json.dumps({"x": 1}))
+    with pytest.raises(DataError, match=r"no trace among the files: .*a\.json: skipped, .*b\.json: skipped"):
         ingest_paths(store, [d])
     assert snapshot(store) == good_run
 
