@@ -121,6 +121,68 @@ def test_is_graph_launch(name, expected):
     assert cl.is_graph_launch(name) is expected
 
 
+# Kernel names as DeepSeek's published traces (github.com/deepseek-ai/profile-data) and public sglang
+# traces of DeepSeek-V3 write them (a few only as far as they were quoted: the argument list cut).
+H800_DEEPSEEK_KERNELS = [
+    ("void dpsk::ep::internode::dispatch_ll<true, 3, 10, 7168>(void*, float*, int*, long*, int*, int*, void*, int*, "
+     "void*, void const*, long const*, int*, int*, int*, int, int, int, int, int, int, int, int*, int)", "communication"),
+    ("void dpsk::ep::internode::combine_ll<3, 10, 7168, 9>(void*, void*, int*, void*, void const*, long const*, "
+     "float const*, int const*, long const*, int*, int, int*, int, int, int, int, int, int, int, int*, int)", "communication"),
+    ("void deep_ep::internode::notify_dispatch<false, 4>(int const*, int*, int, int const*, int*, int const*, int*, int, "
+     "bool const*, int, int, int, int, int, int, int, int*, int*, int*, int*, void*, void**, int**, int, int, int)",
+     "communication"),
+    ("void deep_ep::internode::cached_notify<false>(int, int, int, int, int*, int, int, int const*, int const*, int*, "
+     "void*, void**, int**, int, int, int, bool, int)", "communication"),
+    ("void deep_ep::internode::combine<false, 4, __nv_bfloat16, 16, 4, 4, 16, 24>(int4*, float*, bool const*, "
+     "int4 const*, float const*, int const*, int const*, deep_ep::internode::SourceMeta const*, int const*, int const*, "
+     "int const*, int, int, int, int, void*, int, int, void**, int, int, int, int)", "communication"),
+    # the layout kernel counts tokens per rank and expert on the GPU itself: no peer takes part
+    ("void deep_ep::internode::get_dispatch_layout<256, 32, 8>(long const*, int*, int*, int*, bool*, int, int, int, int)",
+     "reduction"),
+    ("void dpsk::gemm::fp8_gemm_kernel<4096u, 7168u, 128u, 112u, 128u, 6u, 128u, 128u, 1u, (dpsk::gemm::GemmType)2>"
+     "(__nv_bfloat16*, float*, int*, unsigned int, unsigned int, unsigned int, unsigned int, CUtensorMap_st, "
+     "CUtensorMap_st, CUtensorMap_st, CUtensorMap_st)", "gemm"),
+    ("void cutlass::device_kernel<dpsk::grouped_gemm::cuda::fp8_ptp128c_outfmt_head::GemmKernel>"
+     "(dpsk::grouped_gemm::cuda::fp8_ptp128c_outfmt_head::GemmKernel::Params)", "gemm"),
+    ("void deep_gemm::fp8_gemm_kernel<7168u, 2048u, 256u, 112u, 128u, 0u, 32u, 4u, 3u, 128u, 128u, 1u, true, "
+     "(deep_gemm::GemmType)2>(__nv_bfloat16*, float*, int*, unsigned int, CUtensorMap_st, CUtensorMap_st, "
+     "CUtensorMap_st, CUtensorMap_st)", "gemm"),
+    ("void deep_gemm::sm90_fp8_gemm_1d2d_impl<0u, 2112u, 7168u, 1u", "gemm"),
+    ("dpsk::grouped_gemm::cuda::utils::transpose<512,128,4,4>", "elementwise"),
+    ("void cuda::batched_swiglu_forward_and_per_token_cast_to_fp8_with_channels_impl<__nv_bfloat16, 128, 512, true, 128>"
+     "(unsigned char*, __nv_bfloat16 const*, int, int, int, float*, int const*, float, __nv_fp8_interpretation_t)",
+     "quantize"),
+    ("void per_token_group_quant_8bit_kernel<__nv_bfloat16, c10::Float8_e4m3fn, false>(__nv_bfloat16 const*, void*, "
+     "float*, int, int, int, float, float, float, int, int)", "quantize"),
+]
+# torch symmetric memory's kernels (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu, in an
+# anonymous namespace; arguments left out) and vLLM's own all-reduce
+B200_VLLM_SYMM_MEM_KERNELS = [
+    "void (anonymous namespace)::one_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(c10::BFloat16**, c10::BFloat16*, "
+    "c10::BFloat16*, unsigned long, unsigned long, unsigned int**, unsigned long, unsigned long)",
+    "void (anonymous namespace)::two_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(...)",
+    "void (anonymous namespace)::two_shot_all_reduce_kernel_inplace<c10::BFloat16, 16, 8>(...)",
+    "void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16, 8>(...)",
+    "void (anonymous namespace)::multimem_one_shot_reduce_kernel<c10::BFloat16, 16, 8>(...)",
+    "void (anonymous namespace)::multimem_all_gather_kernel<16>(...)",
+    "void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(...)",
+]
+
+
+@pytest.mark.parametrize("name, fine", H800_DEEPSEEK_KERNELS, ids=lambda v: v[:40] if isinstance(v, str) else v)
+def test_h800_deepseek_deepep_and_fp8_grouped_gemm_kernels_are_classified(name, fine):
+    """H800 DeepSeek-V3: DeepEP's own kernels (dpsk::ep::) and the fp8 grouped GEMMs were unknown,
+    57.5% of kernel time. Dispatch/combine are communication; the GEMMs are GEMMs."""
+    got = cl.classify(name, "kernel")
+    assert got.fine_class == fine, got
+    assert got.coarse_class == ("comm" if fine == "communication" else "compute")
+
+
+@pytest.mark.parametrize("name", B200_VLLM_SYMM_MEM_KERNELS, ids=lambda v: v[5:45])
+def test_b200_vllm_symmetric_memory_kernels_are_communication(name):
+    assert cl.classify(name, "kernel").coarse_class == "comm"
+
+
 # Reviewed: unknown kernels per real trace. a100_ws16 ran torch 2.0 Inductor, whose Triton kernels
 # are named triton__<arg signature> with no pointwise/reduction/template prefix: unknowable.
 UNKNOWN_KERNELS = {
