@@ -1,8 +1,9 @@
 """Where does each rank's step time go? The partition, comm–compute overlap, communication by
 parallel dimension, and findings for exposed communication and idle time.
 
-Reads timeline_spans, events, collectives, and collperf_waits when cross-rank analysis ran (to split
-exposed communication into waiting for the last peer and transfer: waits.py); writes
+Reads timeline_spans, events (communication kernels outside c10d too), collectives, and
+collperf_waits when cross-rank analysis ran (to split exposed communication into waiting for the
+last peer and transfer: waits.py); writes
 breakdown_steps, breakdown_ranks, breakdown_groups, breakdown_dims, breakdown_idle_gaps
 (definitions in breakdown.sql).
 """
@@ -19,8 +20,17 @@ NAME = "breakdown"
 TABLES = ["breakdown_steps", "breakdown_ranks", "breakdown_groups", "breakdown_dims", "breakdown_idle_gaps"]
 
 
+# Communication kernels outside c10d (no process group names them) whose kind says which parallel
+# dimension they serve: DeepEP's dispatch/combine move tokens between experts; TransformerEngine's
+# userbuffers overlap tensor-parallel GEMMs with their communication. Others (torch symmetric memory,
+# NVSHMEM, vLLM's all-reduce, peer copies) serve whichever group the program gave them: unknown.
+KERNEL_DIMS = {"comm_deep_ep": "ep", "comm_dpsk_ep": "ep", "comm_te_userbuffers": "tp"}
+
+
 def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Result:
     load_classes(con, run_id)
+    con.execute("CREATE OR REPLACE TEMP TABLE _bd_kernel_dims (rule_id VARCHAR, dim VARCHAR)")
+    con.executemany("INSERT INTO _bd_kernel_dims VALUES (?, ?)", sorted(KERNEL_DIMS.items()))
     run_sql(con, "intervals.sql", run_id)
     run_sql(con, "breakdown.sql", run_id)
     if _has_rows(con, "collperf_waits", run_id):

@@ -1,8 +1,9 @@
 -- Where does each rank's step time go? Partitions every span of timeline_spans into compute,
 -- exposed communication, overlapped communication, memcpy, idle and other (fractions sum to 1),
 -- measures HTA's comm_overlap_frac, and splits communication by parallel dimension.
--- Reads timeline_spans, events, collectives, runs and the temp table _classes (name, kind ->
--- coarse_class, built from bprof.kernels by breakdown.py); writes breakdown_steps,
+-- Reads timeline_spans, events, collectives, runs and the temp tables _classes (name, kind ->
+-- coarse_class, built from bprof.kernels by breakdown.py) and _bd_kernel_dims (catalogue rule ->
+-- the parallel dimension its kernels serve, breakdown.py); writes breakdown_steps,
 -- breakdown_ranks, breakdown_groups, breakdown_dims and breakdown_idle_gaps. A reduced rank (from
 -- `bprof reduce` output: no events) brings its partition (reduced_breakdown), its exposed
 -- communication intervals (reduced_exposed_comm) and its communication per parallel dimension
@@ -104,7 +105,7 @@ COMMENT ON COLUMN breakdown_dims.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN breakdown_dims.rank IS 'Global rank.';
 COMMENT ON COLUMN breakdown_dims.step IS 'Profiler step (-1: whole trace).';
 COMMENT ON COLUMN breakdown_dims.dim IS 'Parallel dimension (breakdown_groups.dim).';
-COMMENT ON COLUMN breakdown_dims.comm_ns IS 'Time any call of this dimension was in flight (CPU call or device work).';
+COMMENT ON COLUMN breakdown_dims.comm_ns IS 'Time any call of this dimension was in flight (CPU call or device work), communication kernels outside c10d (symmetric memory, DeepEP, ...) included.';
 COMMENT ON COLUMN breakdown_dims.exposed_comm_ns IS 'Part of comm_ns that was exposed (labelled exposed_comm in breakdown_steps).';
 
 CREATE TABLE IF NOT EXISTS breakdown_idle_gaps (
@@ -288,8 +289,24 @@ FROM classified;
 -- to the step spans; per dimension the union of those is comm_ns, and its intersection with the
 -- exposed_comm segments is exposed_comm_ns. Only ranks with events: a reduced rank's reduce did this
 -- on its own (reduced_dims, copied below), and its calls are most of the rows at scale.
+-- Communication kernels that no collectives row holds (the catalogue's communication class minus
+-- NCCL's kernels, which ingest always makes rows of, and minus kernels inside a row's device time):
+-- torch symmetric memory, DeepEP, TransformerEngine userbuffers, vLLM's own all-reduce. None goes
+-- through c10d, so no process group names them: each is its own call, of the dimension that the
+-- kind of kernel implies (_bd_kernel_dims: DeepEP is expert parallel), else unknown. The partition
+-- already counts them as communication; without this their exposed time reached no dimension.
 CREATE OR REPLACE TEMP TABLE _bd_calls AS
-WITH own AS (
+WITH kernel_only AS (
+    SELECT e.rank, coalesce(d.dim, 'unknown') AS dim, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns
+    FROM events e JOIN _classes c ON c.name = e.name AND c.kind = e.kind
+    LEFT JOIN _bd_kernel_dims d ON d.rule_id = c.rule_id
+    WHERE e.run_id = $run_id AND e.kind IN ('kernel', 'gpu_memcpy') AND e.dur_ns > 0
+      AND c.coarse_class = 'comm' AND c.rule_id NOT LIKE 'comm_nccl%'
+      AND e.rank IN (SELECT rank FROM _bd_event_ranks)
+      AND NOT EXISTS (SELECT 1 FROM collectives k
+                      WHERE k.run_id = $run_id AND k.rank = e.rank AND k.device_ts_ns IS NOT NULL
+                        AND e.ts_ns >= k.device_ts_ns AND e.ts_ns + e.dur_ns <= k.device_ts_ns + k.device_dur_ns)
+), own AS (
     SELECT c.rank, coalesce(g.dim, 'unknown') AS dim, c.cpu_ts_ns, c.cpu_dur_ns, c.device_ts_ns, c.device_dur_ns
     FROM collectives c JOIN _bd_event_ranks USING (rank)
     LEFT JOIN breakdown_groups g ON g.run_id = c.run_id AND g.pg_name IS NOT DISTINCT FROM c.pg_name
@@ -299,6 +316,8 @@ WITH own AS (
     SELECT rank, dim, cpu_ts_ns AS ts_ns, cpu_ts_ns + cpu_dur_ns AS end_ns FROM own WHERE cpu_ts_ns IS NOT NULL
     UNION ALL
     SELECT rank, dim, device_ts_ns, device_ts_ns + device_dur_ns FROM own WHERE device_ts_ns IS NOT NULL
+    UNION ALL
+    SELECT rank, dim, ts_ns, end_ns FROM kernel_only
 )
 SELECT {'rank': s.rank, 'step': s.step, 'dim': calls.dim} AS key, 0 AS cls,
     greatest(calls.ts_ns, s.ts_ns) AS ts_ns, least(calls.end_ns, s.ts_ns + s.dur_ns) AS end_ns

@@ -110,6 +110,44 @@ def test_parallel_dimensions_from_descriptions_and_layout(tmp_path):
     assert dims == {"tp": 10, "dp": 5, "pp": 5, "world": 5}
 
 
+def _collective(con, run_id, rank, i, *, name, desc, ranks, p2p=False, cpu=(0, 1), device=None, op="all_reduce"):
+    con.execute("""INSERT INTO collectives (run_id, rank, call_index, op, raw_name, source, is_p2p, pg_name, pg_desc,
+                   pg_ranks, group_size, num_parts, cpu_ts_ns, cpu_dur_ns, device_ts_ns, device_dur_ns, num_kernels)
+                   VALUES (?, ?, ?, ?, 'x', 'c10d', ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)""",
+                [run_id, rank, i, op, p2p, name, desc, ranks, len(ranks), *cpu, *(device or (None, None)),
+                 0 if device is None else 1])
+
+
+SYMM_MEM_KERNEL = "void (anonymous namespace)::two_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(...)"
+DEEP_EP_KERNEL = ("void deep_ep::internode_ll::combine<3, 10, 7168, 9>(void*, void*, int*, void*, void const*, long const*, "
+                  "float const*, int const*, long const*, int*, int, int*, int, int, int, int, int, int, int, int, bool)")
+
+
+def test_b200_vllm_symmetric_memory_time_reaches_the_exposed_communication_finding(tmp_path):
+    """B200 vLLM: 2.14 ms of exposed symmetric-memory time was communication in the partition but in
+    no finding: its kernels go through no c10d call, so no collectives row, so no dimension. Such
+    kernels are calls of their own: DeepEP's of ep, symmetric memory's of an unknown group. A
+    kernel inside a c10d call's device time is that call's, counted once."""
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=[(0, 1, 0, 100)], events=[
+        {"kind": "kernel", "name": "ampere_sgemm_128x64_nn", "ts_ns": 0, "dur_ns": 40, "step": 1},
+        {"kind": "kernel", "name": SYMM_MEM_KERNEL, "ts_ns": 40, "dur_ns": 30, "step": 1, "stream": 20},
+        {"kind": "kernel", "name": DEEP_EP_KERNEL, "ts_ns": 75, "dur_ns": 15, "step": 1, "stream": 21},
+        {"kind": "kernel", "name": SYMM_MEM_KERNEL, "ts_ns": 92, "dur_ns": 4, "step": 1, "stream": 20},
+    ])
+    _collective(con, run_id, 0, 0, name="1", desc="TENSOR_MODEL_PARALLEL_GROUP", ranks=[0, 1], cpu=(91, 1), device=(92, 6))
+    analysis.analyze_run(con, run_id, Options())
+    [row] = _steps(con, run_id)
+    assert (row["compute_ns"], row["exposed_comm_ns"], row["idle_ns"]) == (40, 30 + 15 + 4, 5 + 2 + 4)
+    dims = {d: (c, e) for d, c, e in con.execute(
+        "SELECT dim, comm_ns, exposed_comm_ns FROM breakdown_dims WHERE run_id = ?", [run_id]).fetchall()}
+    # tp: the call's CPU time and device time (91-98), exposed where its kernel ran (92-96)
+    assert dims == {"unknown": (30, 30), "ep": (15, 15), "tp": (7, 4)}
+    found = {dim: lost for dim, lost in con.execute(
+        """SELECT evidence->>'$.dim', lost_ns FROM findings WHERE run_id = ? AND analyzer = 'breakdown'
+           AND title LIKE 'Exposed%communication%'""", [run_id]).fetchall()}
+    assert found == {"unknown": 30, "ep": 15, "tp": 4}
+
+
 @pytest.fixture(scope="module")
 def synth_run(tmp_path_factory):
     """A synthetic tp2 x pp2 x dp2 GPU run (modern format, 2 hosts, skewed clocks) and its truth."""
