@@ -92,7 +92,7 @@ COMMENT ON COLUMN breakdown_groups.pg_desc IS 'Process group description as trac
 COMMENT ON COLUMN breakdown_groups.pg_ranks IS 'Global ranks of the group.';
 COMMENT ON COLUMN breakdown_groups.group_size IS 'Number of ranks in the group.';
 COMMENT ON COLUMN breakdown_groups.dim IS 'Parallel dimension: tp, dp, fsdp, pp, cp, ep, world (the default group of a job that also has other groups) or unknown.';
-COMMENT ON COLUMN breakdown_groups.dim_source IS 'pg_desc (the description names it), p2p (send/recv only: pipeline), layout (inferred from the rank stride) or none.';
+COMMENT ON COLUMN breakdown_groups.dim_source IS 'pg_desc (the description names it), p2p (send/recv only: pipeline), layout (inferred from the rank stride; dp only on runs with a backward) or none.';
 COMMENT ON COLUMN breakdown_groups.num_calls IS 'Collective and p2p calls on the group, all ranks.';
 
 CREATE TABLE IF NOT EXISTS breakdown_dims (
@@ -237,7 +237,9 @@ GROUP BY rank, step, gap;
 -- else a group used only by send/recv is pipeline; else the rank layout decides: consecutive
 -- ranks (stride 1, fewer than all) are tensor parallel (Megatron and torchtitan put tp innermost),
 -- any other strided subgroup data parallel, and the whole world "world" -- or dp when every call
--- of the run is on whole-world groups (plain DDP/FSDP).
+-- of the run is on whole-world groups (plain DDP/FSDP). Data parallelism by layout needs a
+-- backward (gradients to synchronise): on a run without one (inference: vLLM's TP=8 group is the
+-- whole world, its all-reduces inside every layer's forward) those groups are unknown, never dp.
 -- A reduced rank's dimensions (reduced_dims) come from its reduce, which ran this statement on its
 -- own calls alone. Names from descriptions and the stride layout (pg_ranks is the same list on every
 -- member) come out the same, but a group can get another dimension there where the answer depends
@@ -252,9 +254,15 @@ WITH g AS (
         bool_and(is_p2p) AS only_p2p
     FROM collectives WHERE run_id = $run_id GROUP BY pg_name, pg_desc, pg_ranks
 ), w AS (
-    SELECT coalesce(world_size, num_ranks_ingested) AS world_size FROM runs WHERE run_id = $run_id
+    -- training: some rank ran a backward (autograd engine ranges or *Backward ops), or, for ranks
+    -- known only from `bprof reduce` output, a reduce that saw one gave a group a data dimension
+    SELECT coalesce(world_size, num_ranks_ingested) AS world_size,
+        EXISTS (SELECT 1 FROM _classes WHERE kind = 'cpu_op'
+                AND (name LIKE 'autograd::engine::evaluate_function:%' OR name LIKE '%Backward%'))
+        OR EXISTS (SELECT 1 FROM reduced_dims WHERE run_id = $run_id AND dim IN ('dp', 'fsdp')) AS training
+    FROM runs WHERE run_id = $run_id
 ), named AS (
-    SELECT g.*, w.world_size, upper(coalesce(pg_desc, '')) AS d,
+    SELECT g.*, w.world_size, w.training, upper(coalesce(pg_desc, '')) AS d,
         CASE WHEN pg_ranks IS NOT NULL AND len(pg_ranks) > 1
              THEN list_distinct(list_transform(list_zip(list_slice(list_sort(pg_ranks), 2, len(pg_ranks)),
                                                         list_slice(list_sort(pg_ranks), 1, len(pg_ranks) - 1)),
@@ -275,12 +283,15 @@ SELECT $run_id, pg_name, pg_desc, pg_ranks, group_size,
     CASE WHEN desc_dim IS NOT NULL THEN desc_dim
          WHEN only_p2p THEN 'pp'
          WHEN group_size IS NOT NULL AND group_size = world_size
-             THEN CASE WHEN (SELECT bool_and(group_size = world_size) FROM named) THEN 'dp' ELSE 'world' END
+             THEN CASE WHEN NOT (SELECT bool_and(group_size = world_size) FROM named) THEN 'world'
+                       WHEN training THEN 'dp' ELSE 'unknown' END
          WHEN strides = [1] THEN 'tp'
-         WHEN len(strides) = 1 THEN 'dp'
+         WHEN len(strides) = 1 AND training THEN 'dp'
          ELSE 'unknown' END,
     CASE WHEN desc_dim IS NOT NULL THEN 'pg_desc' WHEN only_p2p THEN 'p2p'
-         WHEN group_size IS NOT NULL AND (group_size = world_size OR len(strides) = 1) THEN 'layout'
+         WHEN group_size IS NOT NULL AND group_size = world_size
+             THEN CASE WHEN training OR NOT (SELECT bool_and(group_size = world_size) FROM named) THEN 'layout' ELSE 'none' END
+         WHEN strides = [1] OR (len(strides) = 1 AND training) THEN 'layout'
          ELSE 'none' END,
     num_calls
 FROM classified;

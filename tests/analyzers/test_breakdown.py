@@ -89,8 +89,12 @@ def test_rerunning_replaces_rows(tmp_path):
     assert con.execute("SELECT count(*) FROM breakdown_steps WHERE run_id = ?", [run_id]).fetchone()[0] == 1
 
 
+BACKWARD_OP = {"kind": "cpu_op", "name": "autograd::engine::evaluate_function: MmBackward0", "ts_ns": 50, "dur_ns": 10}
+
+
 def test_parallel_dimensions_from_descriptions_and_layout(tmp_path):
-    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=4, steps=[(r, 1, 0, 100) for r in range(4)])
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=4, steps=[(r, 1, 0, 100) for r in range(4)],
+                             events=[BACKWARD_OP])  # a training run: data parallelism is possible
     rows = [  # (rank, pg_name, pg_desc, pg_ranks, is_p2p)
         (0, "1", "TENSOR_MODEL_PARALLEL_GROUP", [0, 1], False),
         (0, "2", None, [0, 2], False),       # strided subgroup: data parallel by layout
@@ -116,6 +120,31 @@ def _collective(con, run_id, rank, i, *, name, desc, ranks, p2p=False, cpu=(0, 1
                    VALUES (?, ?, ?, ?, 'x', 'c10d', ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?)""",
                 [run_id, rank, i, op, p2p, name, desc, ranks, len(ranks), *cpu, *(device or (None, None)),
                  0 if device is None else 1])
+
+
+@pytest.mark.parametrize("training, want", [
+    (False, {"0": "unknown/none", "1": "tp/layout", "2": "unknown/none"}),
+    (True, {"0": "dp/layout", "1": "tp/layout", "2": "dp/layout"}),
+])
+def test_b200_vllm_tp8_group_is_not_dp(tmp_path, training, want):
+    """B200 vLLM TP=8: the one group is the whole world, no description, all-reduces inside every
+    layer's forward; bprof called it DP because every call was on a whole-world group. Without a
+    backward there are no gradients to synchronise: no group is data parallel by its layout."""
+    events = [{"kind": "cpu_op", "name": "aten::linear", "ts_ns": 10, "dur_ns": 10}] + ([BACKWARD_OP] if training else [])
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=8, steps=[(r, 1, 0, 100) for r in range(8)], events=events)
+    _collective(con, run_id, 0, 0, name="0", desc=None, ranks=list(range(8)), cpu=(20, 5))
+    analysis.analyze_run(con, run_id, Options())
+    got = dict(con.execute("SELECT pg_name, dim || '/' || dim_source FROM breakdown_groups WHERE run_id = ?",
+                           [run_id]).fetchall())
+    assert got == {"0": want["0"]}
+    # subgroups of the same run: consecutive ranks are still tp, a strided one dp only when training
+    con.execute("DELETE FROM collectives WHERE run_id = ?", [run_id])
+    _collective(con, run_id, 0, 0, name="1", desc=None, ranks=[0, 1, 2, 3], cpu=(20, 5))
+    _collective(con, run_id, 0, 1, name="2", desc=None, ranks=[0, 4], cpu=(30, 5))
+    analysis.analyze_run(con, run_id, Options())
+    got = dict(con.execute("SELECT pg_name, dim || '/' || dim_source FROM breakdown_groups WHERE run_id = ?",
+                           [run_id]).fetchall())
+    assert got == {"1": want["1"], "2": want["2"]}
 
 
 SYMM_MEM_KERNEL = "void (anonymous namespace)::two_shot_all_reduce_kernel<c10::BFloat16, 16, 8>(...)"
