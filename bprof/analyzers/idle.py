@@ -1,7 +1,8 @@
 """Why is the device idle? Each idle gap of the breakdown, attributed to what the host was doing:
 sync, gc, data_loading, launch_bound, host_other (definitions in idle.sql).
 
-Reads breakdown_idle_gaps, timeline_spans, events; writes idle_causes, idle_gaps, idle_ops.
+Reads breakdown_idle_gaps, timeline_spans, events; writes idle_causes, idle_gaps, idle_segments,
+idle_ops; prices each cause with the what-if engine (bprof.whatif.run, nothing written there).
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import statistics
 
 import duckdb
 
-from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for
+from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
+from bprof.errors import DataError
+from bprof.whatif import graph
+from bprof.whatif.run import whatif
 
 NAME = "idle"
-TABLES = ["idle_causes", "idle_gaps", "idle_ops"]
+TABLES = ["idle_causes", "idle_gaps", "idle_segments", "idle_ops"]
 CAUSES = ("sync", "gc", "data_loading", "launch_bound", "host_other")
 
 _TITLE = {
@@ -41,10 +45,12 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
 
 
 def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
-    """One finding per cause: lost_ns = the median per-step idle of that cause on the rank where it
-    is largest (steps without it count as 0). Counterfactual: that idle removed, the device (or the
-    CPU training thread) runs its work back to back, so the step is shorter by exactly that time.
-    data_loading has no finding here: phases reports it as data wait, with its noise rule."""
+    """One finding per cause, on the rank where that cause's idle is largest (median per step, steps
+    without it count as 0). lost_ns is the engine's counterfactual (bprof whatif -s
+    no-host-gaps:CAUSE): that cause's gaps removed on every rank, how much shorter the job's step
+    gets (median over steps) - which is not the idle time itself where the idle rank then waits for
+    another (a pipeline stage waiting for its upstream stage gains nothing). data_loading has no
+    finding here: phases reports it as data wait, with its noise rule."""
     # reduced ranks (`bprof reduce` output) have no events, so no idle attribution
     spans = con.execute("""SELECT rank, step, dur_ns, timeline FROM timeline_spans WHERE run_id = ? AND dur_ns > 0
                            AND rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = ?)""",
@@ -60,14 +66,17 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
     on_cpu = all(t == "main_thread" for *_, t in spans)
     what = "Training thread" if on_cpu else "Device"
     findings = []
+    found = {}
     for cause in CAUSES:
         if cause == "data_loading":
             continue
         medians = {r: statistics.median(causes.get((r, s, cause), (0, 0))[0] for s in ss) for r, ss in steps_of.items()}
         worst = max(medians, key=lambda r: (medians[r], -r))
-        lost_ns = int(medians[worst])
-        if lost_ns <= 0:
-            continue
+        if medians[worst] > 0:
+            found[cause] = (medians, worst)
+    saved, why = _priced(con, run_id, list(found))
+    for cause, (medians, worst) in found.items():
+        idle_ns = int(medians[worst])
         steps = sorted(steps_of[worst])
         step_ns = statistics.median(span_ns[(worst, s)] for s in steps)
         num_gaps = sum(causes.get((worst, s, cause), (0, 0))[1] for s in steps)
@@ -81,16 +90,40 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
         title = _TITLE[cause].format(what=what)
         if cause == "host_other" and on_cpu:
             title = "Training thread in Python between ops"
+        headline = f"{title}: {idle_ns / 1e6:.2f} ms per step on rank {worst} ({idle_ns / step_ns:.0%} of the step)"
+        measured = (f"{idle_ns / 1e6:.2f} ms idle per step on rank {worst} (median over steps; {num_gaps} gaps over "
+                    f"{len(steps)} steps{held})")
+        evidence = {"ranks": [worst], "steps": steps, "cause": cause, "idle_ns": idle_ns,
+                    "ns_by_rank": {str(r): int(medians[r]) for r in sorted(medians)},
+                    "largest_gaps": [{"step": s, "ts_ns": t, "dur_ns": d} for s, t, d in top],
+                    "ops": [{"name": n, "dur_ns": d} for n, d in ops]}
+        if cause not in saved:
+            findings.append(not_measurable(headline, f"{measured}; what removing it buys is not measurable: {why}",
+                                           _ADVICE[cause], **evidence))
+            continue
+        lost_ns = max(saved[cause], 0)
+        if lost_ns < idle_ns:
+            headline += f"; removing it buys {lost_ns / 1e6:.2f} ms"
         findings.append(Finding(
-            severity_for(lost_ns, step_ns),
-            f"{title}: {lost_ns / 1e6:.2f} ms per step on rank {worst} ({lost_ns / step_ns:.0%} of the step)",
-            _ADVICE[cause],
-            f"Counterfactual: this idle time removed ({cause} in idle.sql), the {what.lower()} would run its work back "
-            f"to back and the step would be shorter by it (median over steps on rank {worst}; {num_gaps} gaps "
-            f"over {len(steps)} steps{held}).",
-            lost_ns,
-            {"ranks": [worst], "steps": steps, "cause": cause,
-             "ns_by_rank": {str(r): int(medians[r]) for r in sorted(medians)},
-             "largest_gaps": [{"step": s, "ts_ns": t, "dur_ns": d} for s, t, d in top],
-             "ops": [{"name": n, "dur_ns": d} for n, d in ops]}))
+            severity_for(lost_ns, step_ns) if lost_ns > 0 else "info", headline, _ADVICE[cause],
+            f"Counterfactual (bprof whatif -s no-host-gaps:{cause}): the idle gaps caused by {cause} (idle.sql) "
+            f"removed on every rank, the job's step would be {lost_ns / 1e6:.2f} ms shorter (median over steps); "
+            f"measured: {measured}." + ("" if lost_ns >= idle_ns else
+                                         " Less than the idle time: where the gaps go, the rank then waits for a peer."),
+            lost_ns, evidence))
     return findings
+
+
+def _priced(con: duckdb.DuckDBPyConnection, run_id: int, causes: list[str]) -> tuple[dict[str, int], str]:
+    """Each cause's saved_ns from the one engine (no-host-gaps:CAUSE, nothing written), and why
+    none is when the run cannot be replayed."""
+    if not causes:
+        return {}, ""
+    if not graph.has_analysis(con, run_id):
+        return {}, "the run has no matched step graph to replay"
+    try:
+        out = whatif(con, run_id, [f"no-host-gaps:{c}" for c in causes], write=False)
+    except DataError as e:
+        return {}, str(e)
+    saved = {c: s["saved_ns"] for c, s in zip(causes, out.summaries[1:]) if s["saved_ns"] is not None}
+    return saved, "the replay withheld its prediction" if len(saved) < len(causes) else ""

@@ -1,6 +1,6 @@
 -- Why is the device idle? For each idle interval of breakdown_idle_gaps, what the rank's host was
 -- doing meanwhile: syncing, collecting garbage, loading data, launching work, or anything else.
--- Reads breakdown_idle_gaps, timeline_spans, events; writes idle_causes, idle_gaps and idle_ops.
+-- Reads breakdown_idle_gaps, timeline_spans, events; writes idle_causes, idle_gaps, idle_segments and idle_ops.
 --
 -- Definitions. The host threads are the rank's main thread and every thread with backward ranges
 -- (the autograd engine's). Each instant of a gap gets one cause, in this priority:
@@ -49,6 +49,18 @@ COMMENT ON COLUMN idle_gaps.dur_ns IS 'Gap length.';
 COMMENT ON COLUMN idle_gaps.sync_caused IS 'The gap started while a host thread was blocked in a sync call.';
 COMMENT ON COLUMN idle_gaps.main_cause IS 'The cause with the most time in the gap (ties: the priority order).';
 COMMENT ON COLUMN idle_gaps.main_cause_ns IS 'Time of main_cause in the gap.';
+
+CREATE TABLE IF NOT EXISTS idle_segments (
+    run_id INTEGER NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, ts_ns BIGINT NOT NULL,
+    dur_ns BIGINT NOT NULL, cause VARCHAR NOT NULL
+);
+COMMENT ON TABLE idle_segments IS 'The idle time of each gap cut where its cause changes: the pieces idle_causes sums; the what-if scenario no-host-gaps:CAUSE removes those of one cause.';
+COMMENT ON COLUMN idle_segments.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN idle_segments.rank IS 'Global rank.';
+COMMENT ON COLUMN idle_segments.step IS 'Profiler step (-1: whole trace).';
+COMMENT ON COLUMN idle_segments.ts_ns IS 'Start of the piece, own clock.';
+COMMENT ON COLUMN idle_segments.dur_ns IS 'Length of the piece.';
+COMMENT ON COLUMN idle_segments.cause IS 'Its cause (idle_causes.cause).';
 
 CREATE TABLE IF NOT EXISTS idle_ops (
     run_id INTEGER NOT NULL, rank INTEGER NOT NULL, cause VARCHAR NOT NULL, name VARCHAR NOT NULL,
@@ -126,6 +138,18 @@ SELECT t.rank, t.step, t.gap_ts_ns, t.ts_ns, t.end_ns, c.sync_caused,
          WHEN c.sync_caused OR t.mask & 4 > 0 THEN 'sync'
          WHEN t.mask & 8 > 0 THEN 'launch_bound' ELSE 'host_other' END AS cause
 FROM tied t JOIN caused c USING (rank, step, gap_ts_ns);
+
+-- adjacent pieces of one cause in one gap merged (gaps and islands over the ordered pieces)
+INSERT INTO idle_segments
+WITH ordered AS (
+    SELECT *, CASE WHEN lag(end_ns) OVER w = ts_ns AND lag(cause) OVER w = cause THEN 0 ELSE 1 END AS starts
+    FROM _idle_seg WINDOW w AS (PARTITION BY rank, step, gap_ts_ns ORDER BY ts_ns)
+), islands AS (
+    SELECT *, sum(starts) OVER (PARTITION BY rank, step, gap_ts_ns ORDER BY ts_ns ROWS UNBOUNDED PRECEDING) AS island
+    FROM ordered
+)
+SELECT $run_id, rank, step, min(ts_ns), CAST(max(end_ns) - min(ts_ns) AS BIGINT), cause
+FROM islands GROUP BY rank, step, gap_ts_ns, island, cause;
 
 INSERT INTO idle_causes
 SELECT $run_id, rank, step, cause, CAST(sum(end_ns - ts_ns) AS BIGINT), count(DISTINCT gap_ts_ns)

@@ -165,6 +165,32 @@ def _host_gaps(con, run_id: int, model: StepModel) -> np.ndarray:
     return _per_segment(con, model, _HOST_SQL, {"run_id": run_id})
 
 
+# The host gaps of one cause (idle_segments.cause: sync, gc, data_loading, launch_bound, host_other;
+# bprof/analyzers/idle.sql) - for data_loading on CPU traces, the data-loading ranges too.
+_CAUSE_SQL = """
+WITH gaps AS (
+    SELECT g.rank, g.ts_ns, g.ts_ns + g.dur_ns AS end_ns FROM idle_segments g
+    WHERE g.run_id = $run_id AND g.cause = $cause AND g.rank IN (SELECT rank FROM _wi_seg)
+    UNION ALL
+    SELECT e.rank, e.ts_ns, e.ts_ns + e.dur_ns FROM events e
+    JOIN (SELECT DISTINCT rank FROM _wi_spans WHERE timeline = 'main_thread') t ON t.rank = e.rank
+    WHERE $cause = 'data_loading' AND e.run_id = $run_id AND e.kind IN ('user_annotation', 'cpu_op') AND e.dur_ns > 0
+      AND (e.name LIKE 'enumerate(DataLoader)#%' OR lower(e.name) LIKE '%dataloader%')
+)
+SELECT s.seg_id, greatest(x.ts_ns, s.start_ns) AS ts_ns, least(x.end_ns, s.end_ns) AS end_ns
+FROM _wi_seg s JOIN gaps x ON x.rank = s.rank AND x.ts_ns < s.end_ns AND x.end_ns > s.start_ns
+"""
+
+
+def cause_gaps(con: duckdb.DuckDBPyConnection, run_id: int, model: StepModel, cause: str) -> np.ndarray:
+    """Per work segment (member rows, then tails), the host gaps of `cause` in it (idle_segments,
+    which bprof analyze's idle analysis writes; zeros without it)."""
+    tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+    if "idle_segments" not in tables or not model.has_events.any():
+        return np.zeros(len(model.work) + len(model.tail), dtype=np.int64)
+    return _per_segment(con, model, _CAUSE_SQL, {"run_id": run_id, "cause": cause})
+
+
 def matched_time(con: duckdb.DuckDBPyConnection, run_id: int, model: StepModel, names: list[str]) -> np.ndarray:
     """Per work segment (member rows, then tails), the time of the events named `names` in it."""
     if not names or not model.has_events.any():

@@ -23,7 +23,9 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   less the replay with the parts before it, so they add up to one replay with all of them.
 - `no-host-gaps`: the host gaps of each work segment are removed (as CUDA graphs, a prefetching data
   loader and no host syncs would): device idle time (breakdown_idle_gaps), and on CPU traces the
-  data-loading ranges too. The device work around them stays.
+  data-loading ranges too. The device work around them stays. `no-host-gaps:CAUSE` removes only the
+  gaps whose main cause (bprof/analyzers/idle.sql) is CAUSE: sync, gc, data_loading, launch_bound or
+  host_other; the idle findings are priced with it.
 - `perfect-overlap`: each collective's transfer (its exit after the last member arrived) is hidden
   behind the compute of the member's work segment before it, as far as that compute reaches:
   exit after last arrival = max(0, transfer - (work before it - its host gaps)). Waiting for the
@@ -58,10 +60,14 @@ import numpy as np
 from bprof.errors import UsageError
 from bprof.kernels.classify import FINE_CLASSES, classify_many
 from bprof.whatif import device_graph, scaleout
-from bprof.whatif.graph import StepModel, matched_time
+from bprof.whatif.graph import StepModel, cause_gaps, matched_time
 from bprof.whatif.peers import PeerStep
 from bprof.whatif.pipeline import Pipeline, stage_ends, stage_times
 from bprof.whatif.scaleout import DP_DIMS
+
+
+# the causes of device idle that bprof/analyzers/idle.sql attributes (idle_gaps.main_cause)
+HOST_CAUSES = ("sync", "gc", "data_loading", "launch_bound", "host_other")
 
 
 @dataclasses.dataclass
@@ -131,11 +137,26 @@ class NoStragglers(Part):
 class NoHostGaps(Part):
     text = "no-host-gaps"
 
+    def __init__(self, cause: str | None = None):
+        self.cause = cause
+        if cause:
+            self.text = f"no-host-gaps:{cause}"
+
     def apply(self, con, run_id, m, s):
-        s.work = _minus(s.work, m.host_ns)
-        s.tail = _minus(s.tail, m.tail_host_ns)
+        if self.cause is None:
+            s.work = _minus(s.work, m.host_ns)
+            s.tail = _minus(s.tail, m.tail_host_ns)
+            return
+        gaps = cause_gaps(con, run_id, m, self.cause)
+        n = len(s.work)
+        s.work = _minus(s.work, gaps[:n])
+        s.tail = _minus(s.tail, gaps[n:])
 
     def assumption(self):
+        if self.cause:
+            return (f"{self.text}: the device idle time caused by {self.cause} (idle_segments, idle.sql)"
+                    + (" and, on CPU traces, the data-loading ranges" if self.cause == "data_loading" else "")
+                    + " are removed from every work segment of every rank; the rest as measured")
         return ("no-host-gaps: device idle between kernels (launch gaps, syncs, GC, data loading, Python) and, on CPU "
                 "traces, data-loading ranges are removed from every work segment; ranks without events keep theirs")
 
@@ -485,6 +506,11 @@ def _part(p: str) -> Part:
     simple = {"no-stragglers": NoStragglers, "no-host-gaps": NoHostGaps, "perfect-overlap": PerfectOverlap}
     if p in simple:
         return simple[p]()
+    if p.startswith("no-host-gaps:"):
+        cause = p[len("no-host-gaps:"):]
+        if cause not in HOST_CAUSES:
+            raise UsageError(f"scenario {p!r}: the cause must be one of {', '.join(HOST_CAUSES)}")
+        return NoHostGaps(cause)
     if p.startswith("scale:"):
         target, eq, factor = p[len("scale:"):].rpartition("=")
         if not eq or not target:

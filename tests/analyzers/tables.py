@@ -38,4 +38,7 @@ def tiny_store(path: Path, *, ranks: int | list[int] = 1, events=(), steps=(), w
         con.execute("INSERT INTO steps VALUES (?, ?, ?, ?, ?)", [run_id, rank, step, ts, dur])
         con.execute("""INSERT INTO events (run_id, rank, kind, name, tid, ts_ns, dur_ns, step)
                        VALUES (?, ?, 'user_annotation', ?, '1', ?, ?, ?)""", [run_id, rank, f"ProfilerStep#{step}", ts, dur, step])
+    # as ingest counts them (the what-if graph reads a rank without events as reduced)
+    con.execute("""UPDATE ranks SET num_events = (SELECT count(*) FROM events e WHERE e.run_id = ranks.run_id
+                   AND e.rank = ranks.rank) WHERE run_id = ?""", [run_id])
     return con, run_id
