@@ -195,7 +195,7 @@ def rescore(store: Path) -> list[dict]:
             continue
         try:
             data, rc = check_data(ci_check(summary, series, options, "main")), 0
-            rc = 1 if data["status"] == "regression" else 0
+            rc = {"regression": 1, "inconclusive": 3}.get(data["status"], 0)  # as `bprof ci check` exits
         except NotEnoughData as exc:
             data, rc = {"status": "error", "reason": str(exc)}, 3
         if arm == "aa" and rc in (0, 1):

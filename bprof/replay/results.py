@@ -6,11 +6,11 @@ Torch-free, so that reading and reporting replays needs no torch.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
 import duckdb
+import scipy.stats
 
 from bprof.replay.plan import spread_of
 
@@ -105,12 +105,11 @@ def judge(variant: list[float], baseline: list[float]) -> tuple[float, str]:
 
 
 def sign_test_p(k: int, n: int) -> float:
-    """Two-sided exact sign test: the probability that a fair coin lands the same side k or more times
-    of n (doubled, at most 1)."""
+    """Two-sided exact sign test (scipy.stats.binomtest against p = 1/2): the probability that a fair
+    coin lands the same side k or more times of n, doubled, at most 1; 1 for no pairs."""
     if n == 0:
         return 1.0
-    tail = sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+    return float(scipy.stats.binomtest(k, n, 0.5).pvalue)
 
 
 def classify(traced_ns: list[int], replayed_ns: list[int]) -> str:
