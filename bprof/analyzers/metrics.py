@@ -122,6 +122,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
             f"HFU needs {MIN_FLOP_COVERAGE_FRAC:.0%} of matmul-class time to come from ops with recorded shapes.",
             "Record with shapes (bprof record does; torch.profiler(record_shapes=True)); kernels launched by CUDA "
             "graphs or unmodelled ops carry no shapes.", coverage_frac=coverage))
+    result.findings += _bounded(metrics)
     if tokens:
         metrics["tokens_per_s_per_device"] = (tokens / world_size / (step_time_ns * 1e-9), "tokens_per_s")
         metrics["tokens_per_s"] = (tokens / (step_time_ns * 1e-9), "tokens_per_s")
@@ -158,3 +159,45 @@ def _hfu(flops: dict, job_step_ns: dict, step_time_ns: float, peaks: dict) -> fl
     if not per_step or not capacity or not step_time_ns:
         return None
     return statistics.mean(per_step) / (step_time_ns * 1e-9 * capacity)
+
+
+# Executed over declared FLOPs: full activation recompute runs one more forward (4/3 of forward +
+# backward); beyond this, or below 1 less the rounding of FLOP formulas, the declared model FLOPs
+# (or the formula behind them) disagree with the work the ranks ran.
+MAX_RECOMPUTE_RATIO = 1.4
+MIN_DECLARED_RATIO = 0.9
+
+
+def _bounded(metrics: dict) -> list[Finding]:
+    """Physical invariants of MFU and HFU, enforced on `metrics` in place: a utilisation above 100%
+    is withheld (None) with a not_measurable finding saying which input must be wrong; declared model
+    FLOPs that the executed FLOPs (counted from shapes) contradict by more than recompute can explain
+    get a warning with the ratio."""
+    out = []
+    for name, label in (("mfu_frac", "MFU"), ("hfu_frac", "HFU")):
+        value = metrics.get(name, (None, "frac"))[0]
+        if value is not None and value > 1.0:
+            metrics[name] = (None, "frac")
+            what = ("the declared model FLOPs (bprof.set_model_flops) or the device peak" if name == "mfu_frac"
+                    else "the device peak or the FLOPs counted from shapes")
+            out.append(not_measurable(
+                f"{label} is not measurable: it computes to {value:.1%}, above 100%",
+                f"{label} = FLOPs per step / (step time x the devices' dense peak) came to {value:.1%}; no device runs "
+                f"above its peak, so {what} is wrong.",
+                "Check the peak (bprof calibrate, --peak-tflops) and the model FLOPs formula (6 x parameters x tokens "
+                "for a dense transformer's forward and backward, plus attention).", computed_frac=value))
+    mfu, hfu = metrics.get("mfu_frac", (None,))[0], metrics.get("hfu_frac", (None,))[0]
+    if mfu and hfu:
+        ratio = hfu / mfu
+        if ratio > MAX_RECOMPUTE_RATIO or ratio < MIN_DECLARED_RATIO:
+            out.append(Finding(
+                "warning", f"Declared model FLOPs disagree with the executed FLOPs: executed / declared = {ratio:.2f}",
+                "Check the model FLOPs formula given to bprof.set_model_flops (a wrong formula is the commonest MFU "
+                "bug in public trainers): per token, 6 x parameters for forward and backward, plus attention's "
+                "12 x layers x sequence x hidden.",
+                f"The ranks executed {ratio:.2f}x the declared model FLOPs per step (HFU {hfu:.2%} against MFU "
+                f"{mfu:.2%}, both on the same step time and peak). Recompute can explain up to "
+                f"{MAX_RECOMPUTE_RATIO}x, and executed FLOPs below {MIN_DECLARED_RATIO}x of the declared ones mean the "
+                "declared number counts work that never ran.", None,
+                {"executed_over_declared": ratio, "mfu_frac": mfu, "hfu_frac": hfu}))
+    return out

@@ -27,3 +27,23 @@ def test_without_spans_and_without_numbers_findings_pass_unchanged():
     assert bounded([f], {}) == [f]
     nm = Finding("not_measurable", "t", "a", "d", None, {})
     assert bounded([nm], {0: 1}) == [nm]
+
+
+def test_mfu_above_100_percent_is_withheld_and_says_which_input_is_wrong():
+    from bprof.analyzers.metrics import _bounded
+
+    metrics = {"mfu_frac": (1.7, "frac"), "hfu_frac": (0.4, "frac")}
+    out = _bounded(metrics)
+    assert metrics["mfu_frac"] == (None, "frac") and metrics["hfu_frac"] == (0.4, "frac")
+    assert [f.severity for f in out] == ["not_measurable"] and "170.0%" in out[0].title
+    assert "declared model FLOPs" in out[0].detail
+
+
+def test_declared_flops_the_executed_ones_contradict_are_flagged_with_the_ratio():
+    from bprof.analyzers.metrics import _bounded
+
+    assert _bounded({"mfu_frac": (0.30, "frac"), "hfu_frac": (0.36, "frac")}) == []  # 1.2x: recompute
+    [f] = _bounded({"mfu_frac": (0.30, "frac"), "hfu_frac": (0.15, "frac")})  # declared twice what ran
+    assert f.severity == "warning" and f.evidence["executed_over_declared"] == 0.5
+    [f] = _bounded({"mfu_frac": (0.10, "frac"), "hfu_frac": (0.30, "frac")})
+    assert "3.00" in f.title
