@@ -98,4 +98,6 @@ _DIM_ADVICE = {
     "cp": "Overlap the context-parallel ring exchange with attention compute.",
     "ep": "Overlap expert all-to-all with compute and balance the experts' token load.",
     "world": "Overlap these whole-job collectives with compute, or issue them less often.",
+    "embedding": "The tied-embedding gradient all-reduce between the first and last pipeline stages: untie the "
+                 "embeddings, or overlap it with the last backward chunk.",
 }

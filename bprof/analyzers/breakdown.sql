@@ -91,7 +91,7 @@ COMMENT ON COLUMN breakdown_groups.pg_name IS 'Process group name as traced.';
 COMMENT ON COLUMN breakdown_groups.pg_desc IS 'Process group description as traced.';
 COMMENT ON COLUMN breakdown_groups.pg_ranks IS 'Global ranks of the group.';
 COMMENT ON COLUMN breakdown_groups.group_size IS 'Number of ranks in the group.';
-COMMENT ON COLUMN breakdown_groups.dim IS 'Parallel dimension: tp, dp, fsdp, pp, cp, ep, world (the default group of a job that also has other groups) or unknown.';
+COMMENT ON COLUMN breakdown_groups.dim IS 'Parallel dimension: tp, dp, fsdp, pp, cp, ep, embedding (Megatron''s tied-embedding group of the first and last pipeline stages), world (the default group of a job that also has other groups) or unknown.';
 COMMENT ON COLUMN breakdown_groups.dim_source IS 'pg_desc (the description names it), p2p (send/recv only: pipeline), layout (inferred from the rank stride; dp only on runs with a backward) or none.';
 COMMENT ON COLUMN breakdown_groups.num_calls IS 'Collective and p2p calls on the group, all ranks.';
 
@@ -270,7 +270,10 @@ WITH g AS (
     FROM g, w
 ), classified AS (
     SELECT *,
-        CASE WHEN d LIKE '%TENSOR%' OR d SIMILAR TO '(.*[^A-Z])?TP([^A-Z].*)?' THEN 'tp'
+        -- Megatron's EMBEDDING_GROUP / POSITION_EMBEDDING_GROUP: the first and last pipeline stages
+        -- all-reduce their tied embeddings' gradients; its one stride looks like data parallelism
+        CASE WHEN d LIKE '%EMBEDDING%' THEN 'embedding'
+             WHEN d LIKE '%TENSOR%' OR d SIMILAR TO '(.*[^A-Z])?TP([^A-Z].*)?' THEN 'tp'
              WHEN d LIKE '%PIPELINE%' OR d SIMILAR TO '(.*[^A-Z])?PP([^A-Z].*)?' THEN 'pp'
              WHEN d LIKE '%EXPERT%' OR d LIKE '%MOE%' OR d SIMILAR TO '(.*[^A-Z])?EP([^A-Z].*)?' THEN 'ep'
              WHEN d LIKE '%CONTEXT%' OR d SIMILAR TO '(.*[^A-Z])?CP([^A-Z].*)?' THEN 'cp'

@@ -247,3 +247,16 @@ def test_exposed_communication_findings_leave_the_wait_for_a_straggler_out(tmp_p
         assert lost_ns == int(transfer) and lost_ns <= exposed, (dim, rank, lost_ns, exposed)
         left_out.append(exposed - lost_ns)
     assert max(left_out) > 5_000_000, found  # the wait is not priced as overlappable communication
+
+
+def test_megatron_embedding_group_is_not_data_parallel(tmp_path):
+    """Megatron's EMBEDDING_GROUP joins the first and last pipeline stages (ranks 0 and 3 of a pp4
+    job) to all-reduce the tied embeddings' gradients; its single stride made it data parallel."""
+    con, run_id = tiny_store(tmp_path / "s.duckdb", ranks=4, steps=[(r, 1, 0, 100) for r in range(4)],
+                             events=[BACKWARD_OP])
+    _collective(con, run_id, 0, 0, name="7", desc="EMBEDDING_GROUP", ranks=[0, 3], cpu=(20, 5))
+    _collective(con, run_id, 0, 1, name="8", desc="POSITION_EMBEDDING_GROUP", ranks=[0, 3], cpu=(40, 5))
+    _collective(con, run_id, 0, 2, name="9", desc=None, ranks=[0, 2], cpu=(60, 5))
+    analysis.analyze_run(con, run_id, Options())
+    got = dict(con.execute("SELECT pg_name, dim || '/' || dim_source FROM breakdown_groups WHERE run_id = ?", [run_id]).fetchall())
+    assert got == {"7": "embedding/pg_desc", "8": "embedding/pg_desc", "9": "dp/layout"}
