@@ -36,8 +36,12 @@
 --   that also carries collectives brings their exposed time too). That is waiting for a neighbour,
 --   plus the transfer itself, which the theory counts as free. Host gaps (idle) are the rank's own
 --   time, not bubble.
--- * busy_ns = span_ns - bubble_ns: the stage's own work in the step (compute, its host gaps, the
---   optimizer, other communication). bubble_frac = bubble_ns / span_ns.
+-- * busy_ns = span_ns - bubble_ns - the exposed communication of the groups outside the micro-batches'
+--   work (dims dp, embedding, world: breakdown_dims): the stage's own work in the step (compute, its
+--   host gaps, the optimizer, its tensor/context/expert-parallel collectives, which each micro-batch
+--   runs). Waiting in a collective outside the pipeline (Megatron's embedding-group all-reduce, the
+--   data-parallel gradient sync) is not the stage's work: counting it made a stage waiting for its
+--   peers look heavy (721 ms claimed where its compute gave about 400). bubble_frac = bubble_ns / span_ns.
 -- * Theory, with p stages, m micro-batches and equal stages: (p-1)/(m+p-1) for 1F1B and GPipe
 --   (v = 1), (p-1)/(v*m+p-1) for interleaved 1F1B with v chunks per stage. Work outside
 --   the pipeline (optimizer, gradient sync) is not in the theory: a large share of it lowers the
@@ -61,7 +65,7 @@ COMMENT ON COLUMN bubbles_stages.step IS 'Profiler step.';
 COMMENT ON COLUMN bubbles_stages.num_microbatches IS 'Micro-batches through this stage in the step: its send/recv calls / (2 per neighbour), per chunk boundary with interleaving: / (2*(2v-1)) on the first and last stage, / (4v) on the others.';
 COMMENT ON COLUMN bubbles_stages.span_ns IS 'Step span (timeline_spans.dur_ns): the step time.';
 COMMENT ON COLUMN bubbles_stages.compute_ns IS 'Compute time in the step, hidden communication included (breakdown_steps.compute_ns + overlapped_comm_ns).';
-COMMENT ON COLUMN bubbles_stages.busy_ns IS 'span_ns - bubble_ns: the stage''s own work in the step (compute, host gaps, optimizer, other communication).';
+COMMENT ON COLUMN bubbles_stages.busy_ns IS 'span_ns - bubble_ns - exposed communication of the groups outside the micro-batches (dp, embedding, world): the stage''s own work (compute, host gaps, optimizer, its tp/cp/ep collectives), not waiting in a gradient or embedding all-reduce.';
 COMMENT ON COLUMN bubbles_stages.bubble_ns IS 'Time in send/recv with no compute running: waiting for a neighbour stage, plus the transfer (exposed pipeline communication, breakdown_dims).';
 COMMENT ON COLUMN bubbles_stages.bubble_frac IS 'bubble_ns / span_ns.';
 
@@ -242,21 +246,27 @@ WITH calls AS (
 ), bubble AS (
     SELECT rank, step, sum(exposed_comm_ns) AS bubble_ns FROM breakdown_dims
     WHERE run_id = $run_id AND dim IN (SELECT dim FROM dims) GROUP BY rank, step
+), outside AS (
+    SELECT rank, step, sum(exposed_comm_ns) AS outside_ns FROM breakdown_dims
+    WHERE run_id = $run_id AND dim IN ('dp', 'embedding', 'world') AND dim NOT IN (SELECT dim FROM dims)
+    GROUP BY rank, step
 ), rows AS (
     SELECT b.rank, ch.pipeline, ch.stage, b.step,
         coalesce(c.num_calls, 0) // CASE WHEN ch.stage = 0 OR ch.stage = ch.num_stages - 1 THEN 2 * (2 * sh.v - 1)
                                          ELSE 4 * sh.v END AS num_microbatches,
         b.span_ns, b.compute_ns + b.overlapped_comm_ns AS compute_ns,
-        least(CAST(coalesce(bb.bubble_ns, 0) AS BIGINT), b.span_ns) AS bubble_ns
+        least(CAST(coalesce(bb.bubble_ns, 0) AS BIGINT), b.span_ns) AS bubble_ns,
+        greatest(b.span_ns - coalesce(bb.bubble_ns, 0) - coalesce(o.outside_ns, 0), 0) AS busy_ns
     FROM breakdown_steps b
     JOIN _bubbles_chain ch ON ch.rank = b.rank
     CROSS JOIN _bubbles_shape sh
     LEFT JOIN calls c ON c.rank = b.rank AND c.step = b.step
     LEFT JOIN bubble bb ON bb.rank = b.rank AND bb.step = b.step
+    LEFT JOIN outside o ON o.rank = b.rank AND o.step = b.step
     WHERE b.run_id = $run_id AND b.step >= 0 AND b.span_ns > 0
 )
 SELECT $run_id, rank, pipeline, stage, step, num_microbatches, span_ns, compute_ns,
-    span_ns - bubble_ns, bubble_ns, bubble_ns / span_ns
+    busy_ns, bubble_ns, bubble_ns / span_ns
 FROM rows;
 
 -- Algorithm: the shape (p, m, v, schedule) from _bubbles_shape; per stage and

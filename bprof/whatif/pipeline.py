@@ -5,7 +5,7 @@ Per stage s (median over the stage's ranks; stages from bubbles_stages, the meas
 count m and schedule from bubbles_runs), from each rank's own send/recv times in the step:
 - its pipeline section runs from its first send/recv to its last (a send counts at its post, a recv
   at its end); pre_s / post_s: the step before / after it (data loading, optimizer, gradient sync:
-  kept as measured). Its busy time in the section = the bubbles analysis's busy_ns (the step less
+  kept as measured). Its busy time in the section = the bubbles analysis's span_ns - bubble_ns (the step less
   its exposed send/recv time: on GPU a recv kernel that runs beside compute is not waiting) less
   pre_s and post_s. The section holds m forwards and backwards (m-1 on the first stage, whose first
   forward comes before its first send and last backward after its last recv; with interleaving v*m
@@ -81,7 +81,7 @@ class StageTimes:
 def stage_times(m: StepModel, pipe: Pipeline, busy_ns: dict[int, int], work: np.ndarray,
                 exit_after: np.ndarray) -> StageTimes | None:
     """The model's inputs from one step (None when a stage has no rank with send/recv calls and a
-    busy time). busy_ns: per rank, bubbles_stages.busy_ns of the step. `work` and `exit_after` are
+    busy time). busy_ns: per rank, bubbles_stages.span_ns - bubble_ns of the step. `work` and `exit_after` are
     the state as the other parts left it: their change inside a rank's section is added to its busy
     time (work) and, for calls other than recvs, to it as well."""
     g = m.g

@@ -387,7 +387,7 @@ class DataParallel(Part):
 class MicroBatches(Part):
     num_microbatches: int
     pipe: Pipeline | None = None
-    busy: dict = dataclasses.field(default_factory=dict)  # step -> rank -> bubbles_stages.busy_ns
+    busy: dict = dataclasses.field(default_factory=dict)  # step -> rank -> bubbles_stages.span_ns - bubble_ns
     steps_unmodelled: int = 0
     unmatched_transfer: bool = False
     late = True
@@ -402,7 +402,7 @@ class MicroBatches(Part):
             raise UsageError(f"scenario {self.text!r}: interleaved 1F1B needs micro-batches divisible by the run's "
                              f"{self.pipe.num_stages} stages (as Megatron)")
         self.busy = {}
-        for rank, step, busy in con.execute("SELECT rank, step, busy_ns FROM bubbles_stages WHERE run_id = ?", [run_id]).fetchall():
+        for rank, step, busy in con.execute("SELECT rank, step, span_ns - bubble_ns FROM bubbles_stages WHERE run_id = ?", [run_id]).fetchall():
             self.busy.setdefault(step, {})[rank] = busy
 
     def work_factor(self):

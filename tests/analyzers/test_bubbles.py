@@ -262,3 +262,21 @@ def test_real_stage_imbalance_names_the_last_stage(real):
     [(severity, lost_ns, title, evidence)] = imbalance
     assert title.startswith("Stage imbalance: pipeline stage 1 is") and json.loads(evidence)["ranks"] == [1]
     assert 0 < lost_ns < run["median_step_ns"], (run, steps)
+
+
+def test_stage_work_excludes_waiting_in_collectives_outside_the_pipeline(tmp_path_factory):
+    """A stage's own work (busy_ns) is its step less the pipeline's bubble and less the exposed time of
+    the groups outside the micro-batches (dp, embedding, world): waiting in the gradient all-reduce
+    for a slower stage's peers is not the stage's work. With tp x dp the data-parallel all-reduce is
+    exposed on every rank; the stage with the lightest compute waits longest in it."""
+    scenario = Scenario(**{**BALANCED, "pp": 2, "microbatches": 4, "tp": 2, "dp": 2,
+                           "faults": [Fault("stage_imbalance", factor=1.5)]})
+    con, run_id, _ = _synth(tmp_path_factory, scenario)
+    rows = con.execute("""
+        SELECT s.rank, s.step, any_value(s.busy_ns), any_value(s.span_ns - s.bubble_ns) - coalesce(sum(d.exposed_comm_ns)
+                   FILTER (WHERE d.dim IN ('dp', 'embedding', 'world')), 0) AS own_ns,
+               coalesce(sum(d.exposed_comm_ns) FILTER (WHERE d.dim = 'dp'), 0) AS dp_wait_ns
+        FROM bubbles_stages s LEFT JOIN breakdown_dims d ON d.run_id = s.run_id AND d.rank = s.rank AND d.step = s.step
+        WHERE s.run_id = ? GROUP BY s.rank, s.step""", [run_id]).fetchall()
+    assert rows and all(busy == max(own, 0) for _, _, busy, own, _ in rows)
+    assert any(dp > 0 for *_, dp in rows)  # the case is real: some rank waited in the dp all-reduce
