@@ -26,6 +26,8 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   data-loading ranges too. The device work around them stays. `no-host-gaps:CAUSE` removes only the
   gaps whose main cause (bprof/analyzers/idle.sql) is CAUSE: sync, gc, data_loading, launch_bound or
   host_other; the idle findings are priced with it.
+- `balanced-stages`: the slowest pipeline stage (bubbles_runs) does its work between collectives
+  scaled to the other stages' median own work (busy_ns); waiting and transfers as measured.
 - `perfect-overlap`: each collective's transfer (its exit after the last member arrived) is hidden
   behind the compute of the member's work segment before it, as far as that compute reaches:
   exit after last arrival = max(0, transfer - (work before it - its host gaps)). Waiting for the
@@ -159,6 +161,51 @@ class NoHostGaps(Part):
                     + " are removed from every work segment of every rank; the rest as measured")
         return ("no-host-gaps: device idle between kernels (launch gaps, syncs, GC, data loading, Python) and, on CPU "
                 "traces, data-loading ranges are removed from every work segment; ranks without events keep theirs")
+
+
+class BalancedStages(Part):
+    text = "balanced-stages"
+
+    def __init__(self):
+        self.stage: int | None = None
+        self.factor = 1.0
+        self.ranks: set[int] = set()
+        self.unmatched = 0
+
+    def prepare(self, con, run_id):
+        has = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+        if not {"bubbles_runs", "bubbles_stages"} <= has:
+            return
+        row = con.execute("""SELECT slowest_stage, slowest_busy_ns, median_other_busy_ns FROM bubbles_runs
+                             WHERE run_id = ?""", [run_id]).fetchone()
+        if not row or row[0] is None or not row[1] or row[2] is None:
+            return
+        self.stage, self.factor = int(row[0]), min(row[2] / row[1], 1.0)
+        self.ranks = {r for (r,) in con.execute("SELECT DISTINCT rank FROM bubbles_stages WHERE run_id = ? AND stage = ?",
+                                                [run_id, self.stage]).fetchall()}
+        self.unmatched = con.execute("""SELECT count(*) FROM match_instances WHERE run_id = ? AND op = 'p2p'
+                                        AND status <> 'complete'""", [run_id]).fetchone()[0] if "match_instances" in has else 0
+
+    def apply(self, con, run_id, m, s):
+        if not self.ranks or self.factor >= 1.0:
+            return
+        mine = np.isin(m.g.span_rank, list(self.ranks))
+        rows = mine[m.g.row_span]
+        # the stage's own work shrinks to the other stages' median; waiting and transfers stay
+        s.work = np.where(rows & (s.work > 0), np.round(s.work * self.factor).astype(np.int64), s.work)
+        s.tail = np.where(mine & (s.tail > 0), np.round(s.tail * self.factor).astype(np.int64), s.tail)
+
+    def assumption(self):
+        if not self.ranks:
+            return "balanced-stages: no pipeline stage is heavier than the others (bubbles_runs): nothing changes"
+        text = (f"balanced-stages: pipeline stage {self.stage} (ranks {sorted(self.ranks)}) does its work between "
+                f"collectives x {self.factor:.3f}, the other stages' median own work over its own (bubbles_runs); "
+                "waiting, transfers and the other stages as measured")
+        if self.unmatched:
+            text += (f"; {self.unmatched} send/recv instances are not matched across ranks (match_instances): the "
+                     "stage's change cannot reach the stages it sends to through them, so the prediction is a bound "
+                     "from below on what balancing buys")
+        return text
 
 
 class PerfectOverlap(Part):
@@ -503,7 +550,8 @@ def parse(text: str) -> list[Part]:
 
 
 def _part(p: str) -> Part:
-    simple = {"no-stragglers": NoStragglers, "no-host-gaps": NoHostGaps, "perfect-overlap": PerfectOverlap}
+    simple = {"no-stragglers": NoStragglers, "no-host-gaps": NoHostGaps, "perfect-overlap": PerfectOverlap,
+              "balanced-stages": BalancedStages}
     if p in simple:
         return simple[p]()
     if p.startswith("no-host-gaps:"):

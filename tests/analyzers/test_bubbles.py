@@ -160,13 +160,14 @@ BALANCED = dict(dp=1, tp=1, steps=3, vocab=1024, seed=3)
 SYNTH_TOLERANCE = 0.02
 
 
-def _synth(tmp_path_factory, scenario: Scenario):
+def _synth(tmp_path_factory, scenario: Scenario, analyzers: list[str] | None = ANALYZERS):
+    """Write, ingest and analyse a synthetic run (`analyzers`; None: all of them, as bprof analyze)."""
     out = tmp_path_factory.mktemp("synth")
     truth = write_run(scenario, out / "run")
     con = open_store(out / "s.duckdb")
     [r] = ingest_paths(con, [out / "run"], IngestOptions(name="synth"))
     saved = analysis.ANALYZERS
-    analysis.ANALYZERS = ANALYZERS
+    analysis.ANALYZERS = analyzers or saved
     try:
         analysis.analyze_run(con, r.run_id, Options())
     finally:
@@ -280,3 +281,20 @@ def test_stage_work_excludes_waiting_in_collectives_outside_the_pipeline(tmp_pat
         WHERE s.run_id = ? GROUP BY s.rank, s.step""", [run_id]).fetchall()
     assert rows and all(busy == max(own, 0) for _, _, busy, own, _ in rows)
     assert any(dp > 0 for *_, dp in rows)  # the case is real: some rank waited in the dp all-reduce
+
+
+def test_balanced_stages_what_if_says_when_unmatched_send_recv_keep_it_from_propagating(tmp_path_factory):
+    """The synthetic generator's send/recv carry no peer (as torch before 2.4 wrote them), so the
+    matcher leaves them unmatched: the heavier stage's change cannot reach the other stages through
+    the graph, and the scenario must say so rather than price balancing at what one rank saves."""
+    from bprof.whatif.run import whatif
+
+    heavy = Scenario(**{**BALANCED, "pp": 4, "microbatches": 8, "faults": [Fault("stage_imbalance", factor=2.0)]})
+    con, run_id, _ = _synth(tmp_path_factory, heavy, analyzers=None)
+    [s] = whatif(con, run_id, ["balanced-stages"], write=False).summaries[1:]
+    unmatched = con.execute("SELECT count(*) FROM match_instances WHERE op = 'p2p' AND status <> 'complete'").fetchone()[0]
+    assert unmatched > 0 and s["withheld"] is None
+    assert "pipeline stage 3" in s["assumptions"][0] and f"{unmatched} send/recv instances are not matched" in s["assumptions"][0]
+    con, run_id, _ = _synth(tmp_path_factory, Scenario(pp=4, microbatches=8, **BALANCED), analyzers=None)
+    [s] = whatif(con, run_id, ["balanced-stages"], write=False).summaries[1:]
+    assert abs(s["saved_ns"]) <= 0.02 * s["measured_step_ns"]
