@@ -26,6 +26,9 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   data-loading ranges too. The device work around them stays. `no-host-gaps:CAUSE` removes only the
   gaps whose main cause (bprof/analyzers/idle.sql) is CAUSE: sync, gc, data_loading, launch_bound or
   host_other; the idle findings are priced with it.
+- `free-comm:DIM`: the transfers of the collectives of parallel dimension DIM (breakdown_groups.dim:
+  tp, dp, fsdp, pp, ...) cost nothing; waiting for the last peer stays. The exposed-communication
+  findings are priced with it.
 - `balanced-stages`: the slowest pipeline stage (bubbles_runs) does its work between collectives
   scaled to the other stages' median own work (busy_ns); waiting and transfers as measured.
 - `perfect-overlap`: each collective's transfer (its exit after the last member arrived) is hidden
@@ -206,6 +209,23 @@ class BalancedStages(Part):
                      "stage's change cannot reach the stages it sends to through them, so the prediction is a bound "
                      "from below on what balancing buys")
         return text
+
+
+class FreeComm(Part):
+    """`free-comm:DIM`: the transfers of one parallel dimension's collectives cost nothing."""
+
+    def __init__(self, dim: str):
+        self.dim = dim
+        self.text = f"free-comm:{dim}"
+
+    def apply(self, con, run_id, m, s):
+        mine = np.array([d == self.dim for d in m.dim], dtype=bool)[m.g.instance] if len(m.dim) else np.zeros(0, bool)
+        # a negative exit (a member that left before the last arrival: an asynchronous send) stays
+        s.exit_after = np.where(mine & (s.exit_after > 0), 0, s.exit_after)
+
+    def assumption(self):
+        return (f"{self.text}: each member of a {self.dim} collective (breakdown_groups.dim) leaves it as the last "
+                "member arrives (its transfer free); waiting for the last peer and everything else as measured")
 
 
 class PerfectOverlap(Part):
@@ -554,6 +574,11 @@ def _part(p: str) -> Part:
               "balanced-stages": BalancedStages}
     if p in simple:
         return simple[p]()
+    if p.startswith("free-comm:"):
+        dim = p[len("free-comm:"):]
+        if not re.fullmatch(r"[a-z_]+", dim):
+            raise UsageError(f"scenario {p!r}: expected free-comm:<dimension>, e.g. free-comm:dp")
+        return FreeComm(dim)
     if p.startswith("no-host-gaps:"):
         cause = p[len("no-host-gaps:"):]
         if cause not in HOST_CAUSES:
