@@ -1,0 +1,69 @@
+"""A training program in the style users write with Hugging Face Transformers: a GPT-2 causal LM
+built from a tiny config (random weights, nothing downloaded), wrapped in
+torch.nn.parallel.DistributedDataParallel, trained on random token batches with labels = inputs
+(the model shifts them and computes the loss itself), AdamW.
+
+Faults come from outside the model, chosen by flags:
+  --slow-rank R --slow-ms MS     extra compute on rank R before its forward, every step
+Run under torchrun (gloo, CPU), with HF_HUB_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+
+def busy(ms: float) -> None:
+    """Compute for about `ms` milliseconds (real matmuls, so the profiler sees CPU ops)."""
+    end = time.perf_counter() + ms / 1e3
+    a = torch.randn(64, 64)
+    # a named range, so that tests can read how long the fault really ran (bprof does not use it)
+    with torch.profiler.record_function("fault/slow_rank"):
+        while time.perf_counter() < end:
+            a = torch.tanh(a @ a)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--embd", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--slow-rank", type=int, default=-1)
+    p.add_argument("--slow-ms", type=float, default=0.0)
+    a = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    slow = rank == a.slow_rank and a.slow_ms > 0
+    config = GPT2Config(n_layer=a.layers, n_embd=a.embd, n_head=2, vocab_size=a.vocab, n_positions=a.seq,
+                        bos_token_id=a.vocab - 1, eos_token_id=a.vocab - 1)
+    model = torch.nn.parallel.DistributedDataParallel(GPT2LMHeadModel(config))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(a.steps):
+        ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+        if slow:
+            busy(a.slow_ms)
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
