@@ -18,7 +18,7 @@ from bprof.analyzers.base import Options, Result, replace_rows, table_exists, wr
 
 # Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
 ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "phases", "idle", "launch", "memory",
-             "bubbles", "stragglers", "metrics"]
+             "bubbles", "stragglers", "metrics", "joint"]
 HTA_COMPAT = "hta_compat"
 
 
