@@ -32,6 +32,8 @@ def scenario_parts(rows: list[tuple[str, str, dict]]) -> list[str]:
             part = f"no-host-gaps:{evidence['cause']}"
         elif analyzer == "breakdown" and evidence.get("dim") and title.startswith("Exposed "):
             part = f"free-comm:{evidence['dim']}"
+        elif analyzer == "phases" and title.startswith("Waiting for data"):
+            part = "no-host-gaps:data_loading"
         elif analyzer == "bubbles" and title.startswith("Stage imbalance"):
             part = "balanced-stages"
         else:

@@ -12,6 +12,9 @@ import statistics
 import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for
+from bprof.errors import DataError
+from bprof.whatif import graph
+from bprof.whatif.run import whatif
 
 NAME = "phases"
 TABLES = ["phases_steps", "phases_ranks"]
@@ -68,15 +71,38 @@ def data_wait_finding(con: duckdb.DuckDBPyConnection, run_id: int) -> Finding | 
     ranks = sorted((r for r in waits if waits[r] > noise_ns), key=lambda r: (-waits[r], r))
     steps = sorted({x[1] for r in ranks for x in by_rank[r] if x[4] > 0})
     exposed = "with the device idle " if on_device else ""
+    title = f"Waiting for data: {lost_ns / 1e6:.2f} ms per step on rank {worst} ({lost_ns / step_ns:.0%} of the step)"
+    wait_ns = lost_ns
+    saved = _priced(con, run_id)
+    priced = ""
+    if saved is not None:
+        # the one engine's answer: the data loading gone on every rank, the job's step
+        lost_ns = max(saved, 0)
+        priced = (f" Priced by the what-if engine (bprof whatif -s no-host-gaps:data_loading): the data loading gone "
+                  f"on every rank, the job's step would be {lost_ns / 1e6:.2f} ms shorter (median over steps).")
+        if lost_ns < wait_ns:
+            title += f"; removing it buys {lost_ns / 1e6:.2f} ms"
     return Finding(
         severity_for(lost_ns, step_ns),
-        f"Waiting for data: {lost_ns / 1e6:.2f} ms per step on rank {worst} ({lost_ns / step_ns:.0%} of the step)",
+        title,
         "Load batches ahead of the step: DataLoader(num_workers>0, pin_memory=True, prefetch_factor), "
         "move decoding/tokenisation out of the training loop, or prefetch the next batch to the device.",
         f"Counterfactual: batches ready the instant they are asked for; the step would be shorter by the time the "
         f"host waits for data {exposed}(median over steps on rank {worst}). The run's noise (the spread of "
         f"step time without that wait, at least {MIN_WAIT_FRAC:.0%} of the step) is {noise_ns / 1e6:.2f} ms; "
-        f"ranks above it: {ranks}.",
+        f"ranks above it: {ranks}.{priced}",
         lost_ns,
-        {"ranks": ranks, "steps": steps, "noise_ns": int(noise_ns),
+        {"ranks": ranks, "steps": steps, "noise_ns": int(noise_ns), "wait_ns": int(wait_ns),
          "wait_ns_by_rank": {str(r): int(waits[r]) for r in sorted(waits)}})
+
+
+def _priced(con: duckdb.DuckDBPyConnection, run_id: int) -> int | None:
+    """saved_ns of no-host-gaps:data_loading from the what-if engine (nothing written), or None when
+    the run has no replayable step graph."""
+    if not graph.has_analysis(con, run_id):
+        return None
+    try:
+        [summary] = whatif(con, run_id, ["no-host-gaps:data_loading"], write=False).summaries[1:]
+    except DataError:
+        return None
+    return summary["saved_ns"]

@@ -17,7 +17,8 @@ from bprof.analyzers import invariants
 from bprof.analyzers.base import Options, Result, replace_rows, table_exists, write_findings
 
 # Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
-ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "phases", "idle", "launch", "memory",
+# phases after idle: the data-wait finding is priced with the idle analysis's idle_segments.
+ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "idle", "phases", "launch", "memory",
              "bubbles", "stragglers", "metrics", "joint"]
 HTA_COMPAT = "hta_compat"
 

@@ -184,11 +184,14 @@ FROM _wi_seg s JOIN gaps x ON x.rank = s.rank AND x.ts_ns < s.end_ns AND x.end_n
 
 def cause_gaps(con: duckdb.DuckDBPyConnection, run_id: int, model: StepModel, cause: str) -> np.ndarray:
     """Per work segment (member rows, then tails), the host gaps of `cause` in it (idle_segments,
-    which bprof analyze's idle analysis writes; zeros without it)."""
-    tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
-    if "idle_segments" not in tables or not model.has_events.any():
+    which bprof analyze's idle analysis writes; without it, only the data-loading ranges)."""
+    if not model.has_events.any():
         return np.zeros(len(model.work) + len(model.tail), dtype=np.int64)
-    return _per_segment(con, model, _CAUSE_SQL, {"run_id": run_id, "cause": cause})
+    tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE NOT temporary").fetchall()}
+    sql = _CAUSE_SQL if "idle_segments" in tables else _CAUSE_SQL.replace("FROM idle_segments g", "FROM (\n        "
+        "SELECT NULL::INTEGER AS run_id, NULL::INTEGER AS rank, NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, "
+        "NULL::VARCHAR AS cause WHERE false) g")
+    return _per_segment(con, model, sql, {"run_id": run_id, "cause": cause})
 
 
 def matched_time(con: duckdb.DuckDBPyConnection, run_id: int, model: StepModel, names: list[str]) -> np.ndarray:

@@ -19,7 +19,8 @@ def test_each_cause_maps_to_its_scenario_once_in_a_fixed_order():
             ("bubbles", "Stage imbalance: pipeline stage 1", {"stage": 1}),
             ("bubbles", "Pipeline bubble above theory", {}),
             ("phases", "Waiting for data", {})]
-    assert scenario_parts(rows) == ["no-stragglers", "no-host-gaps:sync", "free-comm:dp", "balanced-stages"]
+    assert scenario_parts(rows) == ["no-stragglers", "no-host-gaps:sync", "no-host-gaps:data_loading", "free-comm:dp",
+                                    "balanced-stages"]
 
 
 def test_a_straggler_run_gets_the_joint_prediction_of_its_findings(tmp_path):

@@ -381,3 +381,19 @@ def test_real_recompute_run_has_recompute_inside_backward_and_no_data_wait_findi
     for key, ns in recompute.items():
         assert 0 < ns < backward[key], key  # every block re-runs its forward inside the trainer's backward range
     assert [f for f in recorded.findings(con, run_id) if f[0] == "phases"] == []
+
+
+def test_the_data_wait_finding_is_priced_by_the_engine(tmp_path, monkeypatch):
+    """One engine, one answer: on a one-rank CPU step whose training thread waits 300 of 1000 ns for
+    its batch, the data-wait finding is what `bprof whatif -s no-host-gaps:data_loading` saves."""
+    from bprof.whatif.run import whatif
+
+    monkeypatch.setattr(analysis, "ANALYZERS", ["timeline", "match", "breakdown", "idle", "phases"])
+    con, run_id = tiny_store(tmp_path / "s.duckdb", steps=[(0, 1, 0, 1000)], events=[
+        _op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 300, kind="user_annotation"),
+        _op("aten::mm", 300, 500, seq=1), _op("aten::add", 800, 200)])
+    analysis.analyze_run(con, run_id, Options())
+    [(lost_ns, evidence)] = con.execute("SELECT lost_ns, evidence FROM findings WHERE run_id = ? AND analyzer = 'phases'",
+                                        [run_id]).fetchall()
+    saved = whatif(con, run_id, ["no-host-gaps:data_loading"], write=False).summaries[1]["saved_ns"]
+    assert lost_ns == saved == 300 and json.loads(evidence)["wait_ns"] == 300
