@@ -103,7 +103,7 @@ def reduce_trace(trace: Path, out: Path | None = None, *, rank: int | None = Non
         try:
             if threads is not None:
                 con.execute(f"SET threads = {max(1, int(threads))}")  # an int, checked: SET takes no parameter
-            ingested = ingest_run(con, RunFiles(trace.name, (trace,)),
+            ingested = ingest_run(con, RunFiles(trace.name, (trace,), named=frozenset({trace})),
                                   IngestOptions(rank=rank, workers=1, work_dir=Path(tmp), memory_limit=memory_limit))
             run_id = ingested.run_id
             [(rank,)] = con.execute("SELECT rank FROM ranks WHERE run_id = ?", [run_id]).fetchall()

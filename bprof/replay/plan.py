@@ -171,13 +171,20 @@ depth AS (SELECT id, d FROM swept WHERE delta = 1)
 SELECT o.* FROM ops o JOIN depth USING (id) WHERE d = 1 AND o.dims IS NOT NULL
 """
 
+# An op's kernels: those of the launches inside it, through the runtime (cudaLaunchKernel) or the
+# driver API (cuLaunchKernelEx: Triton, NCCL >= 2.27), each correlation id once (a driver call
+# nested in a runtime call shares its id).
 _GPU_TIME_SQL = """
-SELECT o.id, sum(k.dur_ns) AS device_ns
-FROM _rp_ops o
-JOIN events r ON r.run_id = $run_id AND r.rank = o.rank AND r.tid = o.tid AND r.kind = 'cuda_runtime'
-              AND r.ts_ns >= o.ts_ns AND r.ts_ns < o.ts_ns + o.dur_ns
-JOIN events k ON k.run_id = $run_id AND k.rank = o.rank AND k.kind = 'kernel' AND k.correlation = r.correlation
-GROUP BY o.id
+WITH launches AS (
+    SELECT DISTINCT o.id, o.rank, r.correlation
+    FROM _rp_ops o
+    JOIN events r ON r.run_id = $run_id AND r.rank = o.rank AND r.tid = o.tid AND r.kind IN ('cuda_runtime', 'cuda_driver')
+                  AND r.ts_ns >= o.ts_ns AND r.ts_ns < o.ts_ns + o.dur_ns
+)
+SELECT l.id, sum(k.dur_ns) AS device_ns
+FROM launches l
+JOIN events k ON k.run_id = $run_id AND k.rank = l.rank AND k.kind = 'kernel' AND k.correlation = l.correlation
+GROUP BY l.id
 """
 
 
