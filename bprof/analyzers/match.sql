@@ -334,11 +334,13 @@ WITH missing AS (
     SELECT instance_id,
         list(rank ORDER BY rank) FILTER (WHERE excuse IS NULL) AS missing_in_window,
         list(rank ORDER BY rank) FILTER (WHERE excuse IS NOT NULL) AS cut,
-        string_agg(format('rank {} {}', rank, excuse), ', ' ORDER BY rank) FILTER (WHERE excuse IS NOT NULL) AS excused
+        string_agg(format('rank {} {}', rank, excuse), ', ' ORDER BY rank)
+            FILTER (WHERE excuse IS NOT NULL AND excuse <> 'no trace') AS excused,
+        list(rank ORDER BY rank) FILTER (WHERE excuse = 'no trace') AS no_trace
     FROM _match_missing GROUP BY instance_id
 ), judged AS (
     SELECT i.*, o.instance_id IS NOT NULL AS odd, o.present, o.num_ranks, o.ops, o.sizes, o.num_dtypes, o.dtypes,
-        coalesce(m.missing_in_window, []) AS missing_in_window, coalesce(m.cut, []) AS cut, m.excused,
+        coalesce(m.missing_in_window, []) AS missing_in_window, coalesce(m.cut, []) AS cut, m.excused, m.no_trace,
         coalesce(list_filter(o.present, lambda r: NOT list_contains(o.expected, r)), []) AS extra,
         i.is_p2p AND (i.src_rank IS NULL OR i.dst_rank IS NULL) AS peer_unknown
     FROM _match_inst i LEFT JOIN _match_odd o USING (instance_id) LEFT JOIN missing m USING (instance_id)
@@ -353,7 +355,9 @@ WITH missing AS (
             CASE WHEN len(ops) > 1 AND NOT is_p2p THEN format('different ops {}', ops) END,
             CASE WHEN len(sizes) > 1 THEN format('different sizes {} elements', sizes) END,
             CASE WHEN num_dtypes > 1 THEN format('different dtypes {}', dtypes) END,
-            CASE WHEN excused IS NOT NULL THEN format('cut by the trace window: {}', excused) END) AS why,
+            CASE WHEN excused IS NOT NULL THEN format('cut by the trace window: {}', excused) END,
+            -- a rank of the job with no trace ingested is missing, not outside a window
+            CASE WHEN len(no_trace) > 0 THEN format('the traces of ranks {} are missing (no trace ingested)', no_trace) END) AS why,
         odd AND (len(missing_in_window) > 0 OR num_members > num_ranks OR len(extra) > 0
                  OR (len(ops) > 1 AND NOT is_p2p) OR len(sizes) > 1 OR num_dtypes > 1) AS mismatched
     FROM judged

@@ -225,6 +225,9 @@ def test_a_traceless_rank_cuts_and_calls_without_group_are_not_measurable(tmp_pa
     add_calls(con, run_id, [{"rank": 0, "op": "all_reduce", "pg_name": None, "pg_ranks": None, "step": 1, "arrival": 9}])
     crossrank(con, run_id, monkeypatch)
     assert _instances(con, run_id) == [("all_reduce", 1, None, None, 1, 2, "cut", [], [2])]
+    # the rank's trace is missing: said so, never "cut by the trace window"
+    [reason] = [r for (r,) in con.execute("SELECT reason FROM match_instances WHERE run_id = ?", [run_id]).fetchall()]
+    assert reason == "the traces of ranks [2] are missing (no trace ingested)"
     [(severity, title, _)] = _findings(con, run_id)
     assert severity == "not_measurable" and title.startswith("1 collective calls have no process group")
 
