@@ -28,7 +28,7 @@ def cli(*args) -> dict:
 class Recording:
     db: Path
     analysis: dict  # bprof analyze --json
-    whatif: dict  # bprof whatif -s no-stragglers --json
+    whatif: dict  # bprof whatif -s SCENARIO ... --json
 
     @property
     def step_ns(self) -> int:
@@ -39,13 +39,17 @@ class Recording:
         """The findings with a price, in bprof's order (largest lost_ns first)."""
         return [f for f in self.analysis["findings"] if f["lost_ns"] is not None]
 
+    def scenario(self, name: str) -> dict:
+        [found] = [s for s in self.whatif["scenarios"] if s["scenario"] == name]
+        return found
+
     @property
     def unchanged(self) -> dict:
-        return self.whatif["scenarios"][0]
+        return self.scenario("unchanged")
 
     @property
     def no_stragglers(self) -> dict:
-        return self.whatif["scenarios"][1]
+        return self.scenario("no-stragglers")
 
     def fault_ns(self, rank: int, name: str) -> float:
         """The median over the analysed steps of the time `rank` spent in ranges named `name`: the fault
@@ -59,24 +63,29 @@ class Recording:
         return statistics.median(ns for (ns,) in per_step)
 
 
-def record(tmp_path: Path, name: str, program: Path, args: list[str], *, steps: str = "3:9") -> Recording:
-    """Record `program ARGS` under `bprof record -- torchrun` on 2 CPU ranks and analyse it."""
+def record(tmp_path: Path, name: str, program: Path, args: list[str], *, steps: str = "3:9",
+           scenarios: tuple[str, ...] = ("no-stragglers",)) -> Recording:
+    """Record `program ARGS` under `bprof record -- torchrun` on 2 CPU ranks, analyse it and run the
+    what-if `scenarios` on it."""
     db = record_script(tmp_path, name, program, args, steps=steps)
-    return Recording(db, cli("analyze", "--db", str(db)), cli("whatif", "--db", str(db), "-s", "no-stragglers"))
+    options = [arg for s in scenarios for arg in ("-s", s)]
+    return Recording(db, cli("analyze", "--db", str(db)), cli("whatif", "--db", str(db), *options))
 
 
 def summary(label: str, clean: Recording, faulted: Recording) -> str:
     top = faulted.ranked[0]
+    predictions = ", ".join(f"{s['scenario']} predicts {s['predicted_step_ns'] / 1e6:.1f} ms"
+                            for s in faulted.whatif["scenarios"] if s["scenario"] != "unchanged")
     return (f"{label}: clean {clean.step_ns / 1e6:.1f} ms, faulted {faulted.step_ns / 1e6:.1f} ms, "
             f"truth {(faulted.step_ns - clean.step_ns) / 1e6:.1f} ms; top {top['analyzer']} {top['evidence'].get('ranks')} "
-            f"{top['lost_ns'] / 1e6:.1f} ms ({top['title']}); no-stragglers predicts "
-            f"{faulted.no_stragglers['predicted_step_ns'] / 1e6:.1f} ms")
+            f"{top['lost_ns'] / 1e6:.1f} ms ({top['title']}); {predictions}")
 
 
 def assert_invariants(rec: Recording) -> None:
-    """No finding above the step of the ranks; the unchanged replay equals the measurement; a printed
+    """No finding above the step of the ranks; the unchanged replay equals the measurement; every
     prediction is positive and not withheld."""
     steps = [r["median_step_ns"] for r in rec.analysis["ranks"]]
     assert all(f["lost_ns"] <= max(steps) for f in rec.ranked), [(f["title"], f["lost_ns"]) for f in rec.ranked]
     assert rec.unchanged["withheld"] is None and rec.unchanged["max_error_frac"] < 0.01, rec.unchanged
-    assert rec.no_stragglers["withheld"] is None and rec.no_stragglers["predicted_step_ns"] > 0, rec.no_stragglers
+    for s in rec.whatif["scenarios"]:
+        assert s["withheld"] is None and s["predicted_step_ns"] > 0, s
