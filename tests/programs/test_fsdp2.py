@@ -53,7 +53,7 @@ def test_a_slow_fsdp2_rank_is_priced_at_what_removing_it_buys(clean, slow):
     "60 ms fault, 110.1 and 95.5 ms with 100 ms; the straggler 67.8, 65.8, 99.5, 87.7 ms): the program loads no "
     "data, and its only wait before the first forward op is inside FSDP::all_gather (0), the root's unshard, whose "
     "gloo wait records no CPU op; phases.sql's fallback (host idle before the first forward op on a rank without "
-    "DataLoader ranges) takes it for data. Priced at the wait it ranked above the straggler in 3 of 5 runs; since "
+    "DataLoader ranges) takes it for data. Priced at the wait it ranked above the straggler in 4 of 5 runs; since "
     "aa5d394 the engine prices it at 0.00 ms, but the finding still says 61% of the step waits for data"))
 def test_the_peer_waiting_in_fsdp_s_first_all_gather_is_not_waiting_for_data(slow):
     waits = [(f["title"], f["lost_ns"]) for f in slow.analysis["findings"] if f["title"].startswith("Waiting for data")]
