@@ -13,22 +13,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
+import faults  # tests/programs/faults.py, beside this script
 
-def busy(ms: float) -> None:
-    """Compute for about `ms` milliseconds (real matmuls, so the profiler sees CPU ops)."""
-    end = time.perf_counter() + ms / 1e3
-    a = torch.randn(64, 64)
-    # a named range, so that tests can read how long the fault really ran (bprof does not use it)
-    with torch.profiler.record_function("fault/slow_rank"):
-        while time.perf_counter() < end:
-            a = torch.tanh(a @ a)
+busy = faults.busy
 
 
 class Block(nn.Module):

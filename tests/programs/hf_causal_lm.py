@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -20,15 +19,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
+import faults  # tests/programs/faults.py, beside this script
 
-def busy(ms: float) -> None:
-    """Compute for about `ms` milliseconds (real matmuls, so the profiler sees CPU ops)."""
-    end = time.perf_counter() + ms / 1e3
-    a = torch.randn(64, 64)
-    # a named range, so that tests can read how long the fault really ran (bprof does not use it)
-    with torch.profiler.record_function("fault/slow_rank"):
-        while time.perf_counter() < end:
-            a = torch.tanh(a @ a)
+busy = faults.busy
 
 
 def main() -> None:

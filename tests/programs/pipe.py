@@ -12,24 +12,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+import faults  # tests/programs/faults.py, beside this script
+
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
 def busy(ms: float) -> None:
-    """Compute for about `ms` milliseconds (real matmuls, so the profiler sees CPU ops)."""
-    end = time.perf_counter() + ms / 1e3
-    a = torch.randn(64, 64)
-    # a named range, so that tests can read how long the fault really ran (bprof does not use it)
-    with torch.profiler.record_function("fault/heavy_stage"):
-        while time.perf_counter() < end:
-            a = torch.tanh(a @ a)
+    faults.busy(ms, "fault/heavy_stage")
 
 
 def main() -> None:
