@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -36,3 +39,18 @@ UPSTREAM_EXIT_ABORT = "terminate called without an active exception"
 
 def upstream_exit_abort(proc) -> bool:
     return proc.returncode != 0 and UPSTREAM_EXIT_ABORT in (proc.stderr or "")
+
+
+def run_group(cmd, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True) in a session of its own, so that on a
+    timeout the whole process tree - bprof record, torchrun and its ranks - is killed, not only the
+    first process (a hung rank once stayed behind after its recording timed out)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from bprof.analyzers import run as analysis
 from bprof.analyzers.base import Options
 from bprof.store.db import open_store
-from tests.conftest import upstream_exit_abort
+from tests.conftest import run_group, upstream_exit_abort
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = ROOT / "examples" / "train_gpt.py"
@@ -38,8 +37,7 @@ def record_script(out: Path, name: str, script: Path, script_args: list[str], *,
            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(script), *script_args]
     for attempt in range(2):
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=out,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = run_group(cmd, timeout=timeout, cwd=out, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if attempt or not upstream_exit_abort(done):
             break
         shutil.rmtree(out / name, ignore_errors=True)
