@@ -15,9 +15,7 @@ import duckdb
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
 from bprof.analyzers.classes import load_classes
 from bprof.analyzers.waits import split_waits
-from bprof.errors import DataError
-from bprof.whatif import graph
-from bprof.whatif.run import whatif
+from bprof.whatif.run import saved_ns
 
 NAME = "breakdown"
 TABLES = ["breakdown_steps", "breakdown_ranks", "breakdown_groups", "breakdown_dims", "breakdown_idle_gaps"]
@@ -69,7 +67,11 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
         QUALIFY row_number() OVER (PARTITION BY dim ORDER BY median(recoverable_ns) DESC, rank) = 1
         ORDER BY recoverable_ns DESC""", [run_id]).fetchall()
     step_ns = _median_step_ns(con, run_id)
-    priced = _priced(con, run_id, [dim for dim, rank, recoverable_ns, *_ in rows if recoverable_ns and step_ns])
+    # the one engine's answer per dimension (free-comm:DIM); without a step graph the measured bound stands
+    dims = [d for d in dict.fromkeys(dim for dim, _, recoverable_ns, *_ in rows if recoverable_ns and step_ns)
+            if d and d != "unknown"]
+    found, _ = saved_ns(con, run_id, [f"free-comm:{d}" for d in dims])
+    priced = {d: found[f"free-comm:{d}"] for d in dims if f"free-comm:{d}" in found}
     for dim, rank, recoverable_ns, exposed_ns, comm_ns, steps, split in rows:
         if not recoverable_ns or not step_ns:
             continue
@@ -99,19 +101,6 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
             f"{counterfactual} {waiting}",
             recoverable_ns, {"ranks": [rank], "steps": steps, "dim": dim, "exposed_recoverable_ns": measured_ns}))
     return findings
-
-
-def _priced(con: duckdb.DuckDBPyConnection, run_id: int, dims: list[str]) -> dict[str, int]:
-    """Each dimension's saved_ns from the what-if engine (free-comm:DIM, nothing written); empty when
-    the run has no replayable step graph (no matched collectives: the measured bound stands)."""
-    dims = [d for d in dict.fromkeys(dims) if d and d != "unknown"]
-    if not dims or not graph.has_analysis(con, run_id):
-        return {}
-    try:
-        out = whatif(con, run_id, [f"free-comm:{d}" for d in dims], write=False)
-    except DataError:
-        return {}
-    return {d: s["saved_ns"] for d, s in zip(dims, out.summaries[1:]) if s["saved_ns"] is not None}
 
 
 def _median_step_ns(con: duckdb.DuckDBPyConnection, run_id: int) -> float | None:

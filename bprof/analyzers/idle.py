@@ -12,9 +12,7 @@ import statistics
 import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
-from bprof.errors import DataError
-from bprof.whatif import graph
-from bprof.whatif.run import whatif
+from bprof.whatif.run import saved_ns
 
 NAME = "idle"
 TABLES = ["idle_causes", "idle_gaps", "idle_segments", "idle_ops"]
@@ -74,7 +72,8 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
         worst = max(medians, key=lambda r: (medians[r], -r))
         if medians[worst] > 0:
             found[cause] = (medians, worst)
-    saved, why = _priced(con, run_id, list(found))
+    priced, why = saved_ns(con, run_id, [f"no-host-gaps:{c}" for c in found])
+    saved = {c: priced[f"no-host-gaps:{c}"] for c in found if f"no-host-gaps:{c}" in priced}
     for cause, (medians, worst) in found.items():
         idle_ns = int(medians[worst])
         steps = sorted(steps_of[worst])
@@ -113,17 +112,3 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
             lost_ns, evidence))
     return findings
 
-
-def _priced(con: duckdb.DuckDBPyConnection, run_id: int, causes: list[str]) -> tuple[dict[str, int], str]:
-    """Each cause's saved_ns from the one engine (no-host-gaps:CAUSE, nothing written), and why
-    none is when the run cannot be replayed."""
-    if not causes:
-        return {}, ""
-    if not graph.has_analysis(con, run_id):
-        return {}, "the run has no matched step graph to replay"
-    try:
-        out = whatif(con, run_id, [f"no-host-gaps:{c}" for c in causes], write=False)
-    except DataError as e:
-        return {}, str(e)
-    saved = {c: s["saved_ns"] for c, s in zip(causes, out.summaries[1:]) if s["saved_ns"] is not None}
-    return saved, "the replay withheld its prediction" if len(saved) < len(causes) else ""

@@ -12,9 +12,7 @@ import statistics
 import duckdb
 
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for
-from bprof.errors import DataError
-from bprof.whatif import graph
-from bprof.whatif.run import whatif
+from bprof.whatif.run import saved_ns
 
 NAME = "phases"
 TABLES = ["phases_steps", "phases_ranks"]
@@ -73,7 +71,7 @@ def data_wait_finding(con: duckdb.DuckDBPyConnection, run_id: int) -> Finding | 
     exposed = "with the device idle " if on_device else ""
     title = f"Waiting for data: {lost_ns / 1e6:.2f} ms per step on rank {worst} ({lost_ns / step_ns:.0%} of the step)"
     wait_ns = lost_ns
-    saved = _priced(con, run_id)
+    saved = saved_ns(con, run_id, ["no-host-gaps:data_loading"])[0].get("no-host-gaps:data_loading")
     priced = ""
     if saved is not None:
         # the one engine's answer: the data loading gone on every rank, the job's step
@@ -95,14 +93,3 @@ def data_wait_finding(con: duckdb.DuckDBPyConnection, run_id: int) -> Finding | 
         {"ranks": ranks, "steps": steps, "noise_ns": int(noise_ns), "wait_ns": int(wait_ns),
          "wait_ns_by_rank": {str(r): int(waits[r]) for r in sorted(waits)}})
 
-
-def _priced(con: duckdb.DuckDBPyConnection, run_id: int) -> int | None:
-    """saved_ns of no-host-gaps:data_loading from the what-if engine (nothing written), or None when
-    the run has no replayable step graph."""
-    if not graph.has_analysis(con, run_id):
-        return None
-    try:
-        [summary] = whatif(con, run_id, ["no-host-gaps:data_loading"], write=False).summaries[1:]
-    except DataError:
-        return None
-    return summary["saved_ns"]

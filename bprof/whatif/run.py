@@ -127,6 +127,22 @@ def whatif(con: duckdb.DuckDBPyConnection, run_id: int, scenarios: list[str], *,
     return out
 
 
+def saved_ns(con: duckdb.DuckDBPyConnection, run_id: int, scenarios: list[str]) -> tuple[dict[str, int], str]:
+    """What each scenario saves (its summary's saved_ns), replayed together and written nowhere: how
+    the analyzers price their findings with the one engine. Scenarios whose prediction is withheld
+    are left out; with none priced, the reason (no step graph, an unchanged replay off the measurement)."""
+    if not scenarios:
+        return {}, ""
+    if not graph.has_analysis(con, run_id):
+        return {}, "the run has no matched step graph to replay"
+    try:
+        out = whatif(con, run_id, scenarios, write=False)
+    except DataError as e:
+        return {}, str(e)
+    saved = {s["scenario"]: s["saved_ns"] for s in out.summaries[1:] if s["saved_ns"] is not None}
+    return saved, "the replay withheld its prediction" if len(saved) < len(scenarios) else ""
+
+
 def _check_unchanged(base: ScenarioResult, run_id: int) -> None:
     """DataError (exit 3, no predictions) when the unchanged replay misses a measured rank-step by
     more than UNCHANGED_TOLERANCE_FRAC, naming the worst rank-steps."""
