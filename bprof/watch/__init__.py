@@ -1,0 +1,1 @@
+"""`bprof record --watch`: always-on per-iteration telemetry, live straggler scores, triggered windows."""
