@@ -35,7 +35,7 @@ def tiny_store(path: Path, *, ranks: int | list[int] = 1, events=(), steps=(), w
                      e["stream"] if e["stream"] is not None else (7 if on_device else None), e["ts_ns"], e["dur_ns"],
                      e["correlation"], e["step"], json.dumps(e["args"]) if e["args"] is not None else None])
     for rank, step, ts, dur in steps:
-        con.execute("INSERT INTO steps VALUES (?, ?, ?, ?, ?)", [run_id, rank, step, ts, dur])
+        con.execute("INSERT INTO steps (run_id, rank, step, ts_ns, dur_ns) VALUES (?, ?, ?, ?, ?)", [run_id, rank, step, ts, dur])
         con.execute("""INSERT INTO events (run_id, rank, kind, name, tid, ts_ns, dur_ns, step)
                        VALUES (?, ?, 'user_annotation', ?, '1', ?, ?, ?)""", [run_id, rank, f"ProfilerStep#{step}", ts, dur, step])
     # as ingest counts them (the what-if graph reads a rank without events as reduced)

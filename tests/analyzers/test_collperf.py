@@ -133,8 +133,8 @@ def test_every_crossrank_table_documents_itself_and_keeps_ns_as_bigint(tmp_path,
     tables = {t for (t,) in con.execute("""SELECT table_name FROM duckdb_tables() WHERE NOT temporary AND
                                            regexp_matches(table_name, '^(match|clock|collperf)_')""").fetchall()}
     ours = set(match.TABLES + clock.TABLES + collperf.TABLES)
-    assert ours == {"match_instances", "match_members", "clock_hosts", "collperf_instances", "collperf_waits",
-                    "collperf_groups"} and ours <= tables
+    assert ours == {"match_instances", "match_members", "match_nameless_steps", "clock_hosts", "collperf_instances",
+                    "collperf_waits", "collperf_groups"} and ours <= tables
     undocumented = con.execute("""
         SELECT table_name || coalesce('.' || column_name, '') FROM (
             SELECT table_name, NULL AS column_name, comment FROM duckdb_tables() WHERE NOT temporary

@@ -10,7 +10,8 @@ from tests.analyzers.tables import tiny_store
 STORE_TABLES = {"meta", "runs", "ranks", "events", "collectives", "steps", "clock_samples", "metrics",
                 "step_metrics", "findings", "device_peaks", "reduced_ranks", "reduced_spans", "reduced_breakdown",
                 "reduced_exposed_comm", "reduced_dims", "ci_runs", "ci_metrics", "ci_components", "replays", "whatif",
-                "whatif_runs", "exec_nodes"}
+                "whatif_runs", "exec_nodes", "hangs", "watch_recordings", "watch_steps", "watch_groups", "watch_windows",
+                "watch_triggers", "watch_episodes", "watch_scores"}
 
 
 @pytest.fixture
