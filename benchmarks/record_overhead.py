@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/record_overhead.py            # 10 pairs, several minutes
     .venv/bin/python benchmarks/record_overhead.py --quick    # 3 pairs, a smoke run
     .venv/bin/python benchmarks/record_overhead.py --pairs 20 --steps 40 --window 15:18
+    .venv/bin/python benchmarks/record_overhead.py --watch --pairs 6 --steps 60   # the --watch arm
 
 What it runs. examples/train_gpt.py on 4 CPU ranks (`torchrun --standalone --nproc_per_node=4
 ... --tp 2 --dp 2`, OMP_NUM_THREADS=1, gloo), once plainly and once under
@@ -39,6 +40,23 @@ what was measured (an overhead, or an interval too wide to tell). The spread lin
 pairs a +-1 % interval would need at the spread this run saw. Per-pair values, every run's per-rank
 step times and the machine's load average are written to --out (JSON); `--reanalyse FILE` prints
 the report again from such a file without running anything.
+
+The --watch arm. The same program plainly and under `bprof record --no-ingest --watch
+--no-watch-trigger --steps <a window 1000 iterations past the run's end>`, so no trace window opens
+and what is measured is the watch alone plus what `bprof record` costs outside a window (its
+optimizer-step hook and the Flight Recorder it turns on: the default arm's "outside" line). The
+baseline is plain torchrun, as above. The watch writes its rows every --watch-flush-every (10)
+iterations or every 2 s, from inside the optimizer-step hook, so the flush lands inside
+train_gpt.py's step_ms of one step in ten or so: the median step hides it and the mean does not.
+Per pair: mean ratio = mean step (watch) / mean step (plain) over the steps after warm-up (the step
+time being, as above, the slowest rank's step_ms, measured by the program, not by the watch);
+median ratio likewise with medians (the per-iteration cost without the flushes). Each line gives
+the mean over pairs and a Student's t 95 % interval. The watched run's own files are a cross-check:
+every rank must have a row for every measured step, and the watch's mean step_ns (hook to hook) is
+compared with the program's mean step_ms of the same rank. Before the pairs, a micro-benchmark in a
+fresh interpreter times, in-process, WatchLog.boundary() per call, one flush() of 10 rows (the first
+flush alone: it imports pyarrow) and a collective through the watch's wrapper against the raw call
+(a 1-rank gloo group); `--watch-micro` runs only that.
 """
 
 from __future__ import annotations
@@ -47,6 +65,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -63,6 +82,7 @@ NPROC = 4
 LAYOUT = ("--tp", "2", "--dp", "2")
 GOAL_RATIO = 1.01  # outside the window: at most 1 % slower
 RUN_TIMEOUT_S = 900
+WATCH_WINDOW_PAST_END = 1000  # --watch arm: the --steps window starts this far past the run's last step
 
 
 class BenchmarkError(Exception):
@@ -124,15 +144,20 @@ def run_once(plan: Plan, arm: str, workdir: Path) -> dict:
     """One training job, plain or under bprof record; returns its wall time and per-rank step_ms."""
     workdir.mkdir(parents=True)
     trainer = trainer_command(plan, workdir / "log{rank}.jsonl")
+    bprof = str(Path(sys.executable).with_name("bprof"))
     if arm == "bprof":
-        bprof = str(Path(sys.executable).with_name("bprof"))
         command = [bprof, "record", "--no-ingest", "--steps", f"{plan.start}:{plan.end}",
+                   "--out", str(workdir / "run"), "--", *trainer]
+    elif arm == "watch":
+        far = plan.steps + WATCH_WINDOW_PAST_END
+        command = [bprof, "record", "--no-ingest", "--watch", "--no-watch-trigger", "--steps", f"{far}:{far + 1}",
                    "--out", str(workdir / "run"), "--", *trainer]
     else:
         command = trainer
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("TORCH_FR_BUFFER_SIZE", None)  # bprof sets it only where unset: the plain arm runs without
     output = workdir / "output.txt"
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with output.open("w") as f:
         try:
@@ -142,14 +167,19 @@ def run_once(plan: Plan, arm: str, workdir: Path) -> dict:
             raise BenchmarkError(f"{arm} run did not finish in {RUN_TIMEOUT_S} s: {' '.join(command)}\n"
                                  f"output: {output}") from None
     wall_s = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # every process of the job, once reaped
+    cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     if done.returncode != 0:
         tail = "\n".join(output.read_text(errors="replace").splitlines()[-30:])
         raise BenchmarkError(f"{arm} run exited with {done.returncode}: {' '.join(command)}\n"
                              f"last lines of its output ({output}):\n{tail}")
     step_ms = read_step_ms(workdir, plan.steps)
+    run = {"arm": arm, "wall_s": wall_s, "cpu_s": cpu_s, "step_ms_by_rank": step_ms}
     if arm == "bprof":
         check_capture(workdir / "run", plan)
-    return {"arm": arm, "wall_s": wall_s, "step_ms_by_rank": step_ms}
+    if arm == "watch":
+        run |= read_watch(workdir / "run", plan)
+    return run
 
 
 def read_step_ms(workdir: Path, steps: int) -> list[list[float]]:
@@ -178,6 +208,238 @@ def check_capture(run_dir: Path, plan: Plan) -> None:
         if windows != [(f"{plan.start}:{plan.end}", False)]:
             raise BenchmarkError(f"rank {rank}: bprof captured {windows}, expected one full window "
                                  f"{plan.start}:{plan.end} (notes: {meta.get('notes')})")
+
+
+@dataclass(frozen=True)
+class WatchPlan:
+    """The --watch arm: no window; steps warmup..steps-1 are measured."""
+    steps: int
+    warmup: int
+
+    @property
+    def measured(self) -> list[int]:
+        return list(range(self.warmup, self.steps))
+
+
+def make_watch_plan(steps: int, warmup: int, flush_every: int = 10) -> WatchPlan:
+    plan = WatchPlan(steps, warmup)
+    if len(plan.measured) < 3 * flush_every:
+        raise BenchmarkError(f"--watch: {len(plan.measured)} steps after warm-up hold fewer than 3 of the watch's "
+                             f"flushes (every {flush_every} iterations); raise --steps")
+    return plan
+
+
+def read_watch(run_dir: Path, plan: WatchPlan) -> dict:
+    """The watched run's own files: per rank, its step_ns by iteration and how many files it wrote.
+    Every rank must have a row for every measured step, or the arm did not watch what it claims."""
+    from bprof.watch import files
+
+    folders = files.rank_folders(run_dir)
+    if [f.rank for f in folders] != list(range(NPROC)):
+        raise BenchmarkError(f"{run_dir}/watch: rank folders {[f.rank for f in folders]}, expected 0..{NPROC - 1}")
+    if (run_dir / "traces").exists() and any((run_dir / "traces").iterdir()):
+        raise BenchmarkError(f"{run_dir}/traces: the watched run opened a trace window; it must not")
+    step_ns, num_files, flush_steps = [], [], []
+    for folder in folders:
+        paths = files.step_files(folder.path)
+        by_iteration, flushed_in = {}, []
+        for path in paths:
+            columns, _ = files.read_steps(path)
+            by_iteration.update(zip(columns["iteration"], columns["step_ns"]))
+            # the rows up to iteration k are written by the hook that ends step k: inside its step_ms
+            flushed_in.append(max(columns["iteration"]))
+        missing = [s for s in plan.measured if s not in by_iteration]
+        if missing:
+            raise BenchmarkError(f"{folder.path}: no watch row for iterations {steps_text(missing)}")
+        step_ns.append({str(k): v for k, v in sorted(by_iteration.items())})
+        num_files.append(len(paths))
+        flush_steps.append(flushed_in)
+    return {"watch_step_ns_by_rank": step_ns, "watch_num_step_files_by_rank": num_files,
+            "watch_flush_steps_by_rank": flush_steps}
+
+
+def watch_pair_measures(plain: dict, watch: dict, plan: WatchPlan) -> dict:
+    a, b = ([job_step_ms(r)[s] for s in plan.measured] for r in (plain, watch))
+    # the first flush imports pyarrow on every rank: a one-off, measured apart (like the export above)
+    first = sorted({steps[0] for steps in watch["watch_flush_steps_by_rank"] if steps[0] in plan.measured})
+    rest = [i for i, s in enumerate(plan.measured) if s not in first]
+    med_a, med_b = statistics.median(a), statistics.median(b)
+    at = [plan.measured.index(s) for s in first]
+    # cross-check: the watch's own step (hook to hook) against the program's step_ms, rank by rank
+    own = [statistics.fmean(ns[str(s)] for s in plan.measured) / 1e6
+           / statistics.fmean(ms[s] for s in plan.measured)
+           for ns, ms in zip(watch["watch_step_ns_by_rank"], watch["step_ms_by_rank"])]
+    return {
+        "plain_mean_ms": statistics.fmean(a),
+        "watch_mean_ms": statistics.fmean(b),
+        "mean_ratio": statistics.fmean(b) / statistics.fmean(a),
+        "median_ratio": med_b / med_a,
+        "steady_mean_ratio": statistics.fmean(b[i] for i in rest) / statistics.fmean(a[i] for i in rest),
+        "first_flush_steps": first,
+        "first_flush_extra_ms": sum(b[i] - med_b for i in at) - sum(a[i] - med_a for i in at),
+        "wall_extra_s": watch["wall_s"] - plain["wall_s"],
+        "cpu_extra_s": watch["cpu_s"] - plain["cpu_s"],
+        "watch_vs_program_step": statistics.fmean(own),
+        "num_step_files": min(watch["watch_num_step_files_by_rank"]),
+    }
+
+
+def analyse_watch(plan: WatchPlan, runs: list[dict]) -> tuple[list[dict], dict]:
+    pairs = []
+    for pair in sorted({r["pair"] for r in runs}):
+        arms = [r for r in runs if r["pair"] == pair]
+        got = {r["arm"]: r for r in arms}
+        pairs.append({"pair": pair, "first": arms[0]["arm"], **watch_pair_measures(got["plain"], got["watch"], plan)})
+    summary = {k: mean_ci([p[k] for p in pairs]) for k in (
+        "mean_ratio", "median_ratio", "steady_mean_ratio", "first_flush_extra_ms", "wall_extra_s", "cpu_extra_s",
+        "watch_vs_program_step")}
+    summary["verdict"] = verdict(summary["mean_ratio"]).replace("outside the window", "under --watch")
+    summary["pairs_for_1pct"] = pairs_for_half_width(summary["mean_ratio"]["sd"], GOAL_RATIO - 1)
+    return pairs, summary
+
+
+def report_watch(plan: WatchPlan, pairs: list[dict], summary: dict, micro: dict | None) -> str:
+    n = len(pairs)
+    lines = [
+        f"bprof record --watch overhead: examples/train_gpt.py {' '.join(LAYOUT)}, {NPROC} CPU ranks (gloo, "
+        f"OMP_NUM_THREADS=1), {plan.steps} steps ({steps_text(plan.measured)} measured), no trace window, "
+        f"{n} pairs, order alternated",
+        "step time = slowest rank's step_ms (the program's --log-json); ratio = watch / plain torchrun, per pair, "
+        "then mean over pairs",
+        f"plain run, mean step: {statistics.median(p['plain_mean_ms'] for p in pairs):.0f} ms (per pair "
+        f"{min(p['plain_mean_ms'] for p in pairs):.0f} .. {max(p['plain_mean_ms'] for p in pairs):.0f} ms); "
+        f"watch files per rank and run: {min(p['num_step_files'] for p in pairs)}"
+        f"..{max(p['num_step_files'] for p in pairs)}",
+        "",
+        f"  mean step   (flushes included)  {fmt_ci(summary['mean_ratio'], ratio=True)}",
+        f"  median step (flushes hidden)    {fmt_ci(summary['median_ratio'], ratio=True)}",
+        f"  mean step, first flush's step left out  {fmt_ci(summary['steady_mean_ratio'], ratio=True)}",
+        f"  first flush (imports pyarrow), extra    {fmt_ci(summary['first_flush_extra_ms'], 'ms')}",
+        f"  whole run (wall)                {fmt_ci(summary['wall_extra_s'], 's', digits=1)}",
+        f"  whole run, CPU of every process {fmt_ci(summary['cpu_extra_s'], 's', digits=1)}",
+        f"  cross-check: watch step_ns / program step_ms, watched run  {fmt_ci(summary['watch_vs_program_step'], ratio=True)}",
+        "",
+        f"verdict: {summary['verdict']}",
+        f"spread: sd of the per-pair mean ratios {summary['mean_ratio']['sd']:.4f}; a +-1% interval at this "
+        f"spread needs about {summary['pairs_for_1pct']} pairs",
+        "",
+        "per pair (first = arm run first):",
+        "  pair first  mean_ratio  median_ratio  steady_ratio  first_flush_ms  wall_s  cpu_s  plain_mean_ms  "
+        "watch/program",
+    ]
+    for p in pairs:
+        lines.append(f"  {p['pair']:>4} {p['first']:<6} {p['mean_ratio']:10.4f} {p['median_ratio']:13.4f} "
+                     f"{p['steady_mean_ratio']:13.4f} {p['first_flush_extra_ms']:+15.0f} {p['wall_extra_s']:+7.1f} "
+                     f"{p['cpu_extra_s']:+6.1f} {p['plain_mean_ms']:14.0f} {p['watch_vs_program_step']:14.4f}")
+    if micro:
+        lines += ["", micro_text(micro)]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# --watch micro-benchmark, in-process (run in a fresh interpreter, so that the first flush imports pyarrow)
+
+
+def watch_micro(num_boundaries: int = 20000, num_flushes: int = 200, num_calls: int = 10000) -> dict:
+    import gc
+
+    first_imported = "pyarrow" in sys.modules
+    import torch
+    import torch.distributed as dist
+
+    from bprof.profiler.watch_rank import WatchLog
+
+    with tempfile.TemporaryDirectory(prefix="watch-micro-", dir=DATA) as tmp:
+        groups = (("0", "default_pg"), ("1", "tp"))
+        # boundary(): 2 process groups with blocked time in every row, as train_gpt's tp ranks have
+        log = WatchLog(Path(tmp) / "b", 0, "host", flush_every=10**9, flush_s=1e9)
+        boundary_ns = []
+        gc.disable()
+        for i in range(num_boundaries):
+            for g in groups:
+                log.add_blocked(g, 1000)
+            t0 = time.perf_counter_ns()
+            log.boundary(i, False)
+            boundary_ns.append(time.perf_counter_ns() - t0)
+        t0 = time.perf_counter_ns()
+        for i in range(num_boundaries):
+            log.add_blocked(groups[0], 1000)
+        add_blocked_ns = (time.perf_counter_ns() - t0) / num_boundaries
+        gc.enable()
+
+        # flush() of 10 rows (and their 20 group rows: two files)
+        log = WatchLog(Path(tmp) / "f", 0, "host", flush_every=10**9, flush_s=1e9)
+        flush_ns = []
+        for k in range(num_flushes + 1):
+            for i in range(10):
+                for g in groups:
+                    log.add_blocked(g, 1000)
+                log.boundary(k * 10 + i + 1, False)
+            t0 = time.perf_counter_ns()
+            log.flush()
+            flush_ns.append(time.perf_counter_ns() - t0)
+        num_files = len(list(log.folder.iterdir()))
+
+        # a collective through the watch's wrapper against the raw call: 1-rank gloo group
+        # A synchronous all_reduce calls Work.wait() itself, so the watch's wrapper of Work.wait (a class
+        # attribute) is on its path too: "raw" puts torch's own wait back for its blocks.
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        work_class = dist.distributed_c10d.Work
+        raw, raw_wait = dist.all_reduce, work_class.wait
+        WatchLog(Path(tmp) / "c", 0, "host").install()
+        wrapped, wrapped_wait = dist.all_reduce, work_class.wait
+        if wrapped is raw or wrapped_wait is raw_wait:
+            raise BenchmarkError("WatchLog.install() did not wrap torch.distributed.all_reduce and Work.wait")
+        x = torch.zeros(1)
+        per_call = {"raw": [], "wrapped": []}
+        arms = {"raw": (raw, raw_wait), "wrapped": (wrapped, wrapped_wait)}
+        for block in range(20):  # interleaved blocks
+            for name in ("raw", "wrapped") if block % 2 == 0 else ("wrapped", "raw"):
+                fn, work_class.wait = arms[name]
+                t0 = time.perf_counter_ns()
+                for _ in range(num_calls // 20):
+                    fn(x)
+                per_call[name].append((time.perf_counter_ns() - t0) / (num_calls // 20))
+        work_class.wait = wrapped_wait
+        dist.destroy_process_group()
+
+    q = statistics.quantiles
+    return {"pyarrow_imported_before_first_flush": first_imported,
+            "boundary_median_us": statistics.median(boundary_ns) / 1e3,
+            "boundary_p99_us": q(boundary_ns, n=100)[98] / 1e3,
+            "add_blocked_us": add_blocked_ns / 1e3,
+            "first_flush_ms": flush_ns[0] / 1e6,
+            "flush_median_ms": statistics.median(flush_ns[1:]) / 1e6,
+            "flush_p90_ms": q(flush_ns[1:], n=10)[8] / 1e6,
+            "flush_files_written": num_files,
+            "all_reduce_raw_us": statistics.median(per_call["raw"]) / 1e3,
+            "all_reduce_wrapped_us": statistics.median(per_call["wrapped"]) / 1e3,
+            "num_boundaries": num_boundaries, "num_flushes": num_flushes, "num_calls": num_calls}
+
+
+def run_watch_micro() -> dict:
+    """watch_micro() in a fresh interpreter (nothing imported before it but this script)."""
+    done = subprocess.run([sys.executable, __file__, "--watch-micro-json"], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=RUN_TIMEOUT_S)
+    if done.returncode != 0:
+        raise BenchmarkError(f"the --watch micro-benchmark failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def micro_text(m: dict) -> str:
+    extra = m["all_reduce_wrapped_us"] - m["all_reduce_raw_us"]
+    return "\n".join([
+        "in-process, one rank (micro-benchmark):",
+        f"  WatchLog.boundary()          {m['boundary_median_us']:7.1f} us median, p99 {m['boundary_p99_us']:.1f} us "
+        f"(n={m['num_boundaries']}, 2 groups per row)",
+        f"  WatchLog.add_blocked()       {m['add_blocked_us']:7.2f} us",
+        f"  first flush() of 10 rows     {m['first_flush_ms']:7.1f} ms (imports pyarrow"
+        f"{'; it was already imported' if m['pyarrow_imported_before_first_flush'] else ''})",
+        f"  flush() of 10 rows           {m['flush_median_ms']:7.2f} ms median, p90 {m['flush_p90_ms']:.2f} ms "
+        f"(n={m['num_flushes']}; steps + groups file each)",
+        f"  all_reduce(1 float), 1 rank  {m['all_reduce_raw_us']:7.1f} us raw, {m['all_reduce_wrapped_us']:.1f} us "
+        f"wrapped ({extra:+.1f} us a call: the collective's wrapper and Work.wait's, both on a synchronous call)",
+    ])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -370,18 +632,43 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=10, help="plain/bprof pairs (default 10)")
     parser.add_argument("--quick", action="store_true", help="3 pairs: a smoke run, too few to judge the goal")
-    parser.add_argument("--steps", type=int, default=24, help="training steps per run (default 24)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default 24; with --watch 60)")
     parser.add_argument("--window", default="10:13", help="bprof record --steps window A:B (default 10:13)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps dropped (default 2)")
-    parser.add_argument("--out", type=Path, default=DATA / "record-overhead.json", help="JSON results")
+    parser.add_argument("--watch", action="store_true",
+                        help="the --watch arm: plain against `bprof record --watch` with no window")
+    parser.add_argument("--watch-micro", action="store_true",
+                        help="only the --watch micro-benchmark (boundary, flush, collective wrapper)")
+    parser.add_argument("--watch-micro-json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON results (default bench-data/record-overhead.json; with --watch "
+                             "bench-data/record-overhead-watch.json)")
     parser.add_argument("--keep-runs", action="store_true", help="keep run directories (logs, traces)")
     parser.add_argument("--reanalyse", type=Path, metavar="FILE",
                         help="run nothing: recompute and print the report from the runs saved in FILE")
     args = parser.parse_args()
     if args.reanalyse:
         return reanalyse(args.reanalyse)
+    if args.watch_micro_json:
+        DATA.mkdir(exist_ok=True)
+        print(json.dumps(watch_micro()))
+        return 0
+    if args.watch_micro:
+        DATA.mkdir(exist_ok=True)
+        try:
+            print(micro_text(run_watch_micro()))
+        except BenchmarkError as exc:
+            print(f"record_overhead: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    arms = ("plain", "watch") if args.watch else ("plain", "bprof")
+    out = args.out or DATA / ("record-overhead-watch.json" if args.watch else "record-overhead.json")
     try:
-        plan = make_plan(args.steps, args.window, args.warmup)
+        if args.watch:
+            plan = make_watch_plan(args.steps or 60, args.warmup)
+        else:
+            plan = make_plan(args.steps or 24, args.window, args.warmup)
         pairs_wanted = 3 if args.quick else args.pairs
         if pairs_wanted < 2:
             raise BenchmarkError("--pairs must be at least 2 (a confidence interval needs two)")
@@ -393,15 +680,22 @@ def main() -> int:
     workroot = Path(tempfile.mkdtemp(prefix="record-overhead-", dir=DATA))
     env = environment() | {"loadavg_start": os.getloadavg()}
     runs = []
+    micro = None
     try:
+        if args.watch:
+            micro = run_watch_micro()
+            print(micro_text(micro), file=sys.stderr)
         for i in range(pairs_wanted):
-            order = ("plain", "bprof") if i % 2 == 0 else ("bprof", "plain")
+            order = arms if i % 2 == 0 else arms[::-1]
             for arm in order:
                 run = run_once(plan, arm, workroot / f"pair{i + 1}-{arm}")
                 run |= {"pair": i + 1, "loadavg_after": os.getloadavg()}
                 runs.append(run)
-                print(f"[pair {i + 1}/{pairs_wanted}] {arm:5s} {run['wall_s']:5.1f} s, median outside step "
-                      f"{statistics.median(job_step_ms(run)[s] for s in plan.outside):.0f} ms", file=sys.stderr)
+                steps = plan.measured if args.watch else plan.outside
+                what = "mean step" if args.watch else "median outside step"
+                value = (statistics.fmean if args.watch else statistics.median)(job_step_ms(run)[s] for s in steps)
+                print(f"[pair {i + 1}/{pairs_wanted}] {arm:5s} {run['wall_s']:5.1f} s, {what} {value:.0f} ms, "
+                      f"load {os.getloadavg()[0]:.1f}", file=sys.stderr)
     except BenchmarkError as exc:
         print(f"record_overhead: {exc}\nrun directories kept in {workroot}", file=sys.stderr)
         return 1
@@ -409,15 +703,23 @@ def main() -> int:
         print(f"\nrecord_overhead: interrupted; run directories kept in {workroot}", file=sys.stderr)
         return 130
 
-    pairs, summary = analyse(plan, runs)
     env["loadavg_end"] = os.getloadavg()
-    result = {"benchmark": "record_overhead", "plan": plan.__dict__ | {"inside": plan.inside, "export": plan.export,
-              "outside": plan.outside, "start_step": plan.start_step}, "layout": list(LAYOUT), "num_ranks": NPROC,
-              "environment": env, "summary": summary, "pairs": pairs, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
-    print(report(plan, pairs, summary, runs))
-    print(f"\nresults written to {args.out}")
+    if args.watch:
+        pairs, summary = analyse_watch(plan, runs)
+        result = {"benchmark": "record_overhead --watch", "plan": plan.__dict__ | {"measured": plan.measured},
+                  "layout": list(LAYOUT), "num_ranks": NPROC, "environment": env, "micro": micro,
+                  "summary": summary, "pairs": pairs, "runs": runs}
+        text = report_watch(plan, pairs, summary, micro)
+    else:
+        pairs, summary = analyse(plan, runs)
+        result = {"benchmark": "record_overhead", "plan": plan.__dict__ | {"inside": plan.inside, "export": plan.export,
+                  "outside": plan.outside, "start_step": plan.start_step}, "layout": list(LAYOUT), "num_ranks": NPROC,
+                  "environment": env, "summary": summary, "pairs": pairs, "runs": runs}
+        text = report(plan, pairs, summary, runs)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(text)
+    print(f"\nloadavg: start {env['loadavg_start'][0]:.1f}, end {env['loadavg_end'][0]:.1f}; results written to {out}")
     if args.keep_runs:
         print(f"run directories kept in {workroot}")
     else:
@@ -428,10 +730,16 @@ def main() -> int:
 def reanalyse(path: Path) -> int:
     """Recompute pairs and summary from a results file's raw runs; rewrite them in the file."""
     result = json.loads(path.read_text())
-    plan = Plan(**{k: result["plan"][k] for k in ("steps", "start", "end", "warmup")})
-    result["pairs"], result["summary"] = analyse(plan, result["runs"])
+    if result.get("benchmark") == "record_overhead --watch":
+        plan = WatchPlan(**{k: result["plan"][k] for k in ("steps", "warmup")})
+        result["pairs"], result["summary"] = analyse_watch(plan, result["runs"])
+        text = report_watch(plan, result["pairs"], result["summary"], result.get("micro"))
+    else:
+        plan = Plan(**{k: result["plan"][k] for k in ("steps", "start", "end", "warmup")})
+        result["pairs"], result["summary"] = analyse(plan, result["runs"])
+        text = report(plan, result["pairs"], result["summary"], result["runs"])
     path.write_text(json.dumps(result, indent=1))
-    print(report(plan, result["pairs"], result["summary"], result["runs"]))
+    print(text)
     print(f"\nresults rewritten in {path}")
     return 0
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BLOCK_TORCH = """
+# Python run with this first imports no torch (other tests prepend it to their own scripts).
+TORCH_BLOCKER = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name == 'torch' or name.startswith('torch.'):
             raise ImportError('torch is blocked in this test')
 sys.meta_path.insert(0, Block())
-import bprof, bprof.store.ingest, bprof.store.runs, bprof.analyzers, bprof.dashboards, bprof.kernels, bprof.cli.main
+"""
+BLOCK_TORCH = TORCH_BLOCKER + """import bprof, bprof.store.ingest, bprof.store.runs, bprof.analyzers, bprof.dashboards, bprof.kernels, bprof.cli.main
 import bprof.ci.check, bprof.ci.causes, bprof.ci.history, bprof.ci.report, bprof.ci.stats, bprof.ci.summary, bprof.ci.trend
 from bprof.cli.main import main
 sys.exit(main(sys.argv[2:] + ['--db', sys.argv[1]]))

@@ -10,6 +10,9 @@
 -- (reduced_dims), which the reduce computed with this same file; it has no idle gaps.
 --
 -- Definitions (the README repeats them):
+-- * The span partitioned is timeline_spans': on the device timeline the step on the device (the
+--   device work the step launched, so a device that lags its host is partitioned where it ran the
+--   step, not over a CPU range it was still busy with earlier steps in).
 -- * Device timeline (GPU traces): every kernel, memcpy and memset of the rank, all streams.
 --   Classes are the kernel catalogue's coarse ones: comm, memory, sync, compute (all the rest,
 --   unknown included, as HolisticTraceAnalysis counts it).

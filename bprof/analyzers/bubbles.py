@@ -22,6 +22,7 @@ import numpy as np
 
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql, severity_for
 from bprof.whatif.pipeline import flow_shop_ns, interleaved_step_ns
+from bprof.whatif.run import saved_ns
 
 NAME = "bubbles"
 TABLES = ["bubbles_stages", "bubbles_runs"]
@@ -46,7 +47,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
             result.findings.append(missing)
         return result
     run = dict(zip(names, row))
-    run["imbalance_lost_ns"] = _imbalance_lost_ns(con, run_id, run)
+    run["imbalance_lost_ns"], run["imbalance_priced_by"] = _imbalance_price(con, run_id, run)
     con.execute("UPDATE bubbles_runs SET imbalance_lost_ns = ? WHERE run_id = ?", [run["imbalance_lost_ns"], run_id])
     stages = _stages(con, run_id)
     imbalance = _imbalance_finding(run, stages)
@@ -55,6 +56,25 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
     chunks = ((json.loads(metadata) if metadata else {}).get("bprof_model") or {}).get("chunks")
     result.findings += [f for f in (bubble, imbalance, _declared_mismatch(run, chunks)) if f]
     return result
+
+
+def _imbalance_price(con, run_id, run) -> tuple[int | None, str]:
+    """What the slowest stage costs and how it was priced. With every send/recv matched across ranks:
+    the step graph replayed with that stage's own work at the other stages' median (the what-if
+    `balanced-stages`, so the finding and the scenario are one number). Otherwise (unmatched p2p
+    cannot carry the stage's change to its neighbours, or the engine withheld its replay) the
+    modelled schedule of _imbalance_lost_ns, with the reason."""
+    if not con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'match_instances'").fetchone()[0]:
+        return _imbalance_lost_ns(con, run_id, run), "the run's collectives are not matched across ranks"
+    unmatched = con.execute("""SELECT count(*) FROM match_instances WHERE run_id = ? AND op = 'p2p'
+                               AND status <> 'complete'""", [run_id]).fetchone()[0]
+    if run["slowest_stage"] is not None and not unmatched:
+        saved, why = saved_ns(con, run_id, ["balanced-stages"])
+        if "balanced-stages" in saved:
+            return max(int(saved["balanced-stages"]), 0), "graph"
+    else:
+        why = f"{unmatched} send/recv instances are not matched across ranks"
+    return _imbalance_lost_ns(con, run_id, run), why
 
 
 def _imbalance_lost_ns(con, run_id, run) -> int | None:
@@ -118,6 +138,16 @@ def _replay_text(run) -> str:
     return "the step runs at the pace of its slowest stage, T = sum of t + (m-1) x max t"
 
 
+def _price_text(run) -> str:
+    """How lost_ns of the imbalance finding was computed (see _imbalance_price)."""
+    if run["imbalance_priced_by"] == "graph":
+        return (f"The what-if engine replays the measured step graph with stage {run['slowest_stage']}'s own work between "
+                "collectives scaled to that median, waiting and transfers as measured (`bprof whatif -s balanced-stages`)")
+    return (f"The step graph cannot price it ({run['imbalance_priced_by']}), so the what-if engine replays the "
+            "pipeline's micro-batches through stages that take t each, t = a stage's busy time per micro-batch "
+            f"(busy = step span - time waiting for neighbours): {_replay_text(run)}")
+
+
 def _imbalance_finding(run, stages) -> Finding | None:
     """The slowest stage, when it costs more than the run's noise.
 
@@ -125,7 +155,8 @@ def _imbalance_finding(run, stages) -> Finding | None:
     through stages that take t_s = busy_ns / m each, replayed by the what-if engine (a step of
     T = sum_s t_s + (m-1) max_s t_s, (m+p-1) t for equal stages; interleaved 1F1B with v chunks:
     the chunk-level schedule, (v*m+p-1) t / v for equal stages); lost_ns = T - T(slowest at the
-    others' median) (_imbalance_lost_ns).
+    others' median) (_imbalance_lost_ns). Where every send/recv is matched, lost_ns is instead the
+    balanced-stages what-if on the measured step graph (_imbalance_price).
     Reported only when the same stage is the slowest in every analysed step, its ratio's excess over 1
     is above NOISE_MADS x the ratio's MAD over steps, and lost_ns is at least MIN_LOST_FRAC of the step.
     """
@@ -142,10 +173,8 @@ def _imbalance_finding(run, stages) -> Finding | None:
         f"({run['slowest_busy_ns'] / 1e6:.1f} ms of work per step vs {run['median_other_busy_ns'] / 1e6:.1f} ms)",
         f"Move work off stage {s}: give it fewer layers (count the embedding on the first stage and the LM "
         f"head and loss on the last), or split the model by measured stage time rather than by layer count.",
-        f"Counterfactual: stage {s} does the median work of the other stages. The what-if engine replays the "
-        f"pipeline's micro-batches through stages that take t each, t = a stage's busy time per micro-batch "
-        f"(busy = step span - time waiting for neighbours): {_replay_text(run)}; the step would be shorter by "
-        f"{lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step, and its ratio to the others "
+        f"Counterfactual: stage {s} does the median work of the other stages. {_price_text(run)}; the step would "
+        f"be shorter by {lost_ns / 1e6:.2f} ms. Stage {s} is the slowest in every analysed step, and its ratio to the others "
         f"varies by {mad or 0:.3f} (MAD over steps). Busy ns per stage: {busy}.",
         lost_ns,
         {"ranks": stages[s]["ranks"], "steps": stages[s]["steps"], "stage": s, "ratio": ratio,
@@ -159,7 +188,8 @@ def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
     schedule's theoretical share of the step: step' = mean busy / (1 - theory), with mean busy =
     step x (1 - measured); lost_ns = step - step'. Reported only when every
     analysed step is above theory, the excess fraction is above NOISE_MADS x the MAD over steps of
-    the bubble fraction, and lost_ns is at least MIN_LOST_FRAC of the step.
+    the bubble fraction, and lost_ns is at least MIN_LOST_FRAC of the step. With a stage imbalance
+    finding the bubble is its symptom: an info finding without lost_ns (the imbalance is priced).
     """
     lost_ns, mad, step_ns = run["excess_lost_ns"], run["bubble_frac_mad"], run["median_step_ns"]
     if not lost_ns or not run["above_theory_every_step"]:
@@ -176,18 +206,26 @@ def _bubble_finding(run, stages, imbalance: Finding | None) -> Finding | None:
         cause = ("No stage is consistently slower: look at the transfer time of the sends/recvs, a slow "
                  "rank (stragglers) or host gaps on one stage.")
         advice = "Find what delays the stages' sends and receives (transfers, a straggler, host gaps)."
+    counterfactual = (
+        f"Counterfactual: the same total work spread evenly over the stages, each waiting only the schedule's "
+        f"share {_theory_text(run)} of the step: step' = mean busy time / (1 - theory); the step would be shorter by "
+        f"{lost_ns / 1e6:.2f} ms ({run['excess_frac']:.1%} of the step above theory).")
+    if imbalance:
+        # a symptom of the imbalance, which the engine prices; the modelled ideal also drops the
+        # send/recv transfers, which no schedule removes, so its figure is shown, never ranked
+        counterfactual = (f"Not priced on its own: the stage imbalance finding prices what balancing buys "
+                          f"({imbalance.lost_ns / 1e6:.2f} ms), and the exposed PP communication is the rest. The "
+                          f"schedule's ideal (the work spread evenly, each stage waiting only {_theory_text(run)}) "
+                          f"would be {lost_ns / 1e6:.2f} ms shorter, transfers included.")
     return Finding(
-        severity_for(lost_ns, step_ns),
+        "info" if imbalance else severity_for(lost_ns, step_ns),
         f"Pipeline bubble above theory: {measured:.1%} of the step waiting for neighbour stages vs "
         f"{theory:.1%} for {_shape(run)}",
         advice + (" More micro-batches per step or more model chunks per stage also shrink the bubble."
                   if run["num_chunks"] > 1 else " More micro-batches per step or an interleaved schedule also shrink the bubble."),
-        f"Counterfactual: the same total work spread evenly over the stages, each waiting only the schedule's "
-        f"share {_theory_text(run)} of the step: step' = mean busy time / (1 - theory); the step would be shorter by "
-        f"{lost_ns / 1e6:.2f} ms ({run['excess_frac']:.1%} of the step above theory). Every analysed step is "
-        f"above theory; the bubble fraction varies by {mad or 0:.3f} (MAD over steps). {cause} Bubble fraction per "
-        f"stage: {fracs}.",
-        lost_ns,
+        f"{counterfactual} Every analysed step is above theory; the bubble fraction varies by {mad or 0:.3f} "
+        f"(MAD over steps). {cause} Bubble fraction per stage: {fracs}.",
+        None if imbalance else lost_ns,
         {"ranks": sorted(r for v in stages.values() for r in v["ranks"]),
          "steps": sorted({s for v in stages.values() for s in v["steps"]}),
          "bubble_frac_measured": measured, "bubble_frac_theory": theory, "bubble_frac_by_stage": fracs,

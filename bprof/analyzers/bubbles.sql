@@ -108,7 +108,7 @@ COMMENT ON COLUMN bubbles_runs.median_other_busy_ns IS 'Median over the other st
 COMMENT ON COLUMN bubbles_runs.slowest_ratio IS 'slowest_busy_ns / median_other_busy_ns.';
 COMMENT ON COLUMN bubbles_runs.slowest_ratio_mad IS 'MAD over steps of the per-step ratio (the slowest stage''s busy_ns / the other stages'' median in that step); 0 with one step.';
 COMMENT ON COLUMN bubbles_runs.slowest_every_step IS 'Whether the slowest stage is the slowest in every analysed step.';
-COMMENT ON COLUMN bubbles_runs.imbalance_lost_ns IS 'Step time the slowest stage costs: T(t) - T(t with the slowest stage at the others'' median), T the step of m equal micro-batches through stages taking t = busy_ns / m each, replayed by the what-if engine (bprof.whatif.pipeline.flow_shop_ns: sum of t + (m-1) * max t); written by bubbles.py.';
+COMMENT ON COLUMN bubbles_runs.imbalance_lost_ns IS 'Step time the slowest stage costs, written by bubbles.py: with every send/recv matched, the balanced-stages what-if (the measured step graph replayed with that stage''s own work at the others'' median; median over steps of measured - predicted); else T(t) - T(t with the slowest stage at the others'' median), T the step of m equal micro-batches through stages taking t = busy_ns / m each (bprof.whatif.pipeline.flow_shop_ns: sum of t + (m-1) * max t).';
 
 -- The send/recv calls of the analysed steps, with the peer where it is known.
 CREATE OR REPLACE TEMP TABLE _bubbles_p2p AS

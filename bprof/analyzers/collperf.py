@@ -89,7 +89,8 @@ def _expert_imbalance(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Findi
         ORDER BY median(lost_ns) DESC NULLS LAST""", [run_id, IMBALANCE_FRAC]).fetchall()
     if not rows:
         return []
-    step_ns = con.execute("SELECT median(dur_ns) FROM steps WHERE run_id = ?", [run_id]).fetchone()[0]
+    # the step on the device where it was measured (steps.device_dur_ns), else the CPU range
+    step_ns = con.execute("SELECT median(coalesce(device_dur_ns, dur_ns)) FROM steps WHERE run_id = ?", [run_id]).fetchone()[0]
     findings = []
     for pg_name, pg_desc, pg_ranks, frac, lost_ns, steps, n in rows:
         lost = int(lost_ns) if lost_ns is not None else None

@@ -23,7 +23,8 @@ TABLES: list[str] = []
 
 def scenario_parts(rows: list[tuple[str, str, dict]]) -> list[str]:
     """The what-if parts that remove the causes of findings (analyzer, title, evidence), each once,
-    in a fixed order: stragglers, host gaps by cause, free transfers by dimension, balanced stages."""
+    in a fixed order: stragglers, host gaps by cause, batched small collectives, free transfers by
+    dimension, balanced stages."""
     parts: list[str] = []
     for analyzer, title, evidence in rows:
         if analyzer == "stragglers":
@@ -36,11 +37,13 @@ def scenario_parts(rows: list[tuple[str, str, dict]]) -> list[str]:
             part = "no-host-gaps:data_loading"
         elif analyzer == "bubbles" and title.startswith("Stage imbalance"):
             part = "balanced-stages"
+        elif analyzer == "storms":
+            part = "coalesce-small"
         else:
             continue
         if part not in parts:
             parts.append(part)
-    order = ("no-stragglers", "no-host-gaps:", "free-comm:", "balanced-stages")
+    order = ("no-stragglers", "no-host-gaps:", "coalesce-small", "free-comm:", "balanced-stages")
     return sorted(parts, key=lambda p: next(i for i, o in enumerate(order) if p.startswith(o)))
 
 

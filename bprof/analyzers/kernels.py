@@ -112,20 +112,34 @@ def _precision_findings(con: duckdb.DuckDBPyConnection, run_id: int, options: Op
         return []
     rank, fp32_ns, steps = rows[0]
     fp32 = rank_peaks(con, run_id, options, "fp32").get(rank)
-    best = None
+    best, known = None, {}
     for dtype in ("tf32", "bf16"):
         lower = rank_peaks(con, run_id, options, dtype).get(rank)
+        if lower and lower.flops_per_s:
+            known[dtype] = lower.flops_per_s
         if fp32 and lower and fp32.flops_per_s and lower.flops_per_s and lower.flops_per_s > fp32.flops_per_s:
             if best is None or lower.flops_per_s > best[1].flops_per_s:
                 best = (dtype, lower)
     step_ns = con.execute("SELECT median(span_ns) FROM breakdown_steps WHERE run_id = ? AND rank = ?",
                           [run_id, rank]).fetchone()[0] or 0
     if best is None:
-        why = ("no lower precision has a higher measured or datasheet peak on this device"
+        title = f"fp32 matmuls take {fp32_ns / 1e6:.2f} ms per step on rank {rank}"
+        evidence = {"ranks": [rank], "steps": steps}
+        if fp32 and fp32.flops_per_s and known:
+            # a comparison only where both sides have a peak (measured or datasheet)
+            peaks = ", ".join(f"{d} {v / 1e9:,.1f}" for d, v in known.items())
+            return [Finding("info", title,
+                            f"Keep fp32 here: the lower precisions' peaks are no higher on this device ({peaks} vs fp32 "
+                            f"{fp32.flops_per_s / 1e9:,.1f} GFLOP/s).",
+                            "No gain claimed: no lower precision has a higher measured or datasheet peak on this device.",
+                            None, {**evidence, "fp32_flops_per_s": fp32.flops_per_s,
+                                   **{f"{d}_flops_per_s": v for d, v in known.items()}})]
+        why = ("no lower precision has a measured or datasheet peak on this device, so none was compared"
                if fp32 and fp32.flops_per_s else f"the fp32 peak is unknown ({fp32.source if fp32 else 'no rank'})")
-        return [Finding("info", f"fp32 matmuls take {fp32_ns / 1e6:.2f} ms per step on rank {rank}",
-                        "Keep fp32 here: lower precision would not be faster on this device.",
-                        f"No gain claimed: {why}.", None, {"ranks": [rank], "steps": steps})]
+        return [Finding("info", title,
+                        "Not measured whether bf16 would be faster here: measure it with `bprof calibrate --dtype bf16`, "
+                        "or time these matmuls with `bprof replay --variant bf16`.",
+                        f"No gain claimed: {why}.", None, evidence)]
     dtype, lower = best
     lost_ns = int(fp32_ns * (1 - fp32.flops_per_s / lower.flops_per_s))
     return [Finding(

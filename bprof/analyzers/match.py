@@ -1,8 +1,10 @@
 """Which calls of different ranks are one collective or p2p instance, and which do not match?
 
-Reads collectives, steps, ranks; writes match_instances and match_members (definitions in
-match.sql; the timing of instances on one clock from instance_times.sql). A member missing within the steps every member traced, or members that disagree on
-op, size or dtype, become findings: the first step towards diagnosing a hang.
+Reads collectives, steps, ranks; writes match_instances, match_members and match_nameless_steps
+(definitions in match.sql; the timing of instances on one clock from instance_times.sql). A
+member missing within the steps every member traced, or members that disagree on op, size or
+dtype, become findings: the first step towards diagnosing a hang. Calls that name no process group
+are matched in a group inferred from the ranks' call sequences where those agree, and said so.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import duckdb
 from bprof.analyzers.base import Finding, Options, Result, not_measurable, run_sql
 
 NAME = "match"
-TABLES = ["match_instances", "match_members"]
+TABLES = ["match_instances", "match_members", "match_nameless_steps"]
 MAX_LISTED = 20  # seqs and steps named in one finding's evidence
 
 
@@ -24,18 +26,7 @@ def analyze(con: duckdb.DuckDBPyConnection, run_id: int, options: Options) -> Re
 
 def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
     findings = []
-    num_ranks, no_group = con.execute("""
-        SELECT (SELECT count(*) FROM ranks WHERE run_id = $1),
-               (SELECT count(*) FROM collectives WHERE run_id = $1 AND pg_name IS NULL AND pg_ranks IS NULL)""",
-                                      [run_id]).fetchone()
-    if num_ranks > 1 and no_group:
-        findings.append(not_measurable(
-            f"{no_group} collective calls have no process group: they cannot be matched across ranks",
-            "Their trace names no process group (no record_param_comms arguments) and the ranks have several "
-            "groups, so the calls of one collective cannot be told apart from another's.",
-            "Record with `bprof record` (it keeps the Flight Recorder's group and sequence number), or with "
-            "torch >= 2.2, whose traces name the process group of each collective.",
-            num_calls=no_group))
+    findings += _nameless(con, run_id)
     findings += _unknown_peers(con, run_id)
     # One finding per group and kind of problem: a hang or desync repeats on every later seq.
     rows = con.execute("""
@@ -72,6 +63,55 @@ def _findings(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
                 "a desynchronised program (or mismatched sequence numbers) and can hang or corrupt the result.",
                 f"First: {reason}. No lost time is claimed.",
                 None, evidence | {"ranks": pg_ranks}))
+    return findings
+
+
+def _nameless(con: duckdb.DuckDBPyConnection, run_id: int) -> list[Finding]:
+    """What became of the collective calls that name no process group (match_nameless_steps): one
+    info finding for those matched as a group inferred from the call sequences, one not_measurable
+    for those left unmatched, with the first step's reason."""
+    num_ranks = con.execute("SELECT count(*) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
+    if num_ranks < 2:
+        return []
+    findings = []
+    for inferred, num_calls, steps, groups, reason in con.execute("""
+            SELECT inferred, sum(num_calls), list(step ORDER BY step NULLS FIRST)[:$2],
+                   list(DISTINCT ranks ORDER BY ranks)[:$2], first(reason ORDER BY step NULLS FIRST)
+            FROM match_nameless_steps WHERE run_id = $1 GROUP BY inferred ORDER BY inferred DESC""",
+                                                                  [run_id, MAX_LISTED]).fetchall():
+        num_calls = int(num_calls)
+        evidence = {"num_calls": num_calls, "steps": steps, "groups": groups}
+        if inferred:
+            members = " and ".join(str(g) for g in groups)
+            findings.append(Finding(
+                "info", f"{num_calls} collective calls name no process group: matched as the group of ranks {members}, "
+                        "inferred from their call sequences",
+                "Nothing to fix; to have groups named, record with `bprof record` or a torch whose traces name the "
+                "process group of each collective (torch >= 2.2).",
+                "In each of these steps every rank that traced it made the same sequence of such calls (op, size, "
+                "dtype, in order), so they are one group and the k-th call in the step on each rank is one instance "
+                "(match_instances.group_from = 'sequence'). No lost time is claimed.",
+                None, evidence | {"ranks": groups[0] if len(groups) == 1 else None}))
+        else:
+            findings.append(not_measurable(
+                f"{num_calls} collective calls have no process group and their group cannot be inferred: "
+                "they are not matched across ranks",
+                f"Their trace names no process group, and the ranks' calls do not tell one: first, in step "
+                f"{steps[0]}: {reason}. Calls whose sequences disagree are never merged; for them there is no "
+                "arrival skew, wait or transfer time, no clock alignment and no straggler attribution.",
+                "Record with `bprof record` (it keeps the Flight Recorder's group and sequence number), or with "
+                "torch >= 2.2, whose traces name the process group of each collective.",
+                **evidence))
+    num_p2p = con.execute("""SELECT count(*) FROM collectives WHERE run_id = ? AND is_p2p
+                             AND pg_name IS NULL AND pg_ranks IS NULL""", [run_id]).fetchone()[0]
+    if num_p2p:
+        findings.append(not_measurable(
+            f"{num_p2p} send/recv calls have no process group: they are not matched across ranks",
+            "Their trace names no process group, and a group is inferred from call sequences for collectives "
+            "only (a send and its recv are different calls). For them there is no arrival skew, wait or transfer "
+            "time and no straggler attribution.",
+            "Record with `bprof record`, or with a torch whose traces name the process group and the peer of "
+            "each send/recv.", num_calls=num_p2p))
     return findings
 
 

@@ -2,13 +2,23 @@
 -- match (a member missing, a different op, size or dtype)? The first step towards a hang diagnosis,
 -- and the input of clock alignment and collective performance.
 -- Reads collectives, steps, ranks; writes match_instances, match_members (and the view
--- match_members_aligned over it).
+-- match_members_aligned over it), match_nameless_steps.
 --
 -- Definitions:
 -- * Group identity: pg_name, the same on every rank (torch names groups by a global creation
 --   counter); pg_ranks for calls whose group has no name. Ranks alone would merge two process
 --   groups over the same ranks (Megatron's DP group and DP-with-CP group at cp=1, a gloo twin of
 --   an NCCL group), whose calls count separate sequence numbers and would collide.
+-- * Calls with neither (older torch, or a trace without record_param_comms group arguments, and
+--   no single pg_config group to imply one): the group is inferred from the call sequences, step
+--   by step (match_nameless_steps). Every member of a group makes the same calls in the same order
+--   (op, compared size, dtype), so when every rank that traced a step made the same sequence of
+--   such calls in it (and a traced group size, if any, is their number), those ranks are one group:
+--   the world of a job with one process group, the DLRM case. Its k-th call in the step on each rank
+--   is one instance (match_instances.group_from = 'sequence'). Where the sequences disagree (a rank
+--   with other calls, or none) the step's calls are not matched at all, never merged: which ranks
+--   form which group cannot be told, and match_nameless_steps.reason says why. Subgroups cannot be
+--   inferred this way (the TP groups of a symmetric job all make the same sequence as the world).
 -- * A collective instance is (group, seq); a p2p instance is (group, sender, receiver, seq). The
 --   peer of a send/recv is collectives.peer_rank, else the other rank of a two-rank group.
 --   Without seq, the k-th call of the group (of the pair, for p2p) in a step on each rank.
@@ -48,16 +58,19 @@ CREATE TABLE IF NOT EXISTS match_instances (
     last_arrival_ts_ns BIGINT,
     last_rank INTEGER,
     wait_ns BIGINT,
-    end_ts_ns BIGINT
+    end_ts_ns BIGINT,
+    group_from VARCHAR
 );
+-- stores analysed before the column existed: added at the end, where the INSERT below writes it
+ALTER TABLE match_instances ADD COLUMN IF NOT EXISTS group_from VARCHAR;
 COMMENT ON TABLE match_instances IS 'One row per collective or p2p instance: the calls of its members matched by group and sequence number.';
 COMMENT ON COLUMN match_instances.run_id IS 'Run (runs.run_id).';
 COMMENT ON COLUMN match_instances.instance_id IS 'Instance key within the run: the group (or sender-receiver pair) and sequence number packed into one integer, so each member carries it without a join (ordered by group, then seq); instance_id >> 36 is the same for every instance of a group (of a pair).';
 COMMENT ON COLUMN match_instances.op IS 'Canonical op of the collective (collectives.op), p2p for a send/recv pair, or the first in name order when members disagree.';
 COMMENT ON COLUMN match_instances.pg_name IS 'Process group name.';
 COMMENT ON COLUMN match_instances.pg_desc IS 'Process group description (of a member that traced one).';
-COMMENT ON COLUMN match_instances.pg_ranks IS 'Global ranks of the process group, when traced.';
-COMMENT ON COLUMN match_instances.group_size IS 'Number of ranks in the process group.';
+COMMENT ON COLUMN match_instances.pg_ranks IS 'Global ranks of the process group, when traced (NULL for an inferred group: its ranks are match_nameless_steps.ranks).';
+COMMENT ON COLUMN match_instances.group_size IS 'Number of ranks in the process group (traced, or of an inferred group the ranks it was inferred from).';
 COMMENT ON COLUMN match_instances.seq IS 'Sequence number the members share (per group; for p2p the Seq torch writes, which is the group''s collective counter, or per sender-receiver pair under bprof record); NULL when there is none (calls matched by order within the step).';
 COMMENT ON COLUMN match_instances.src_rank IS 'p2p: the sending rank; NULL for collectives.';
 COMMENT ON COLUMN match_instances.dst_rank IS 'p2p: the receiving rank; NULL for collectives.';
@@ -76,6 +89,7 @@ COMMENT ON COLUMN match_instances.first_arrival_ts_ns IS 'Earliest member arriva
 COMMENT ON COLUMN match_instances.last_arrival_ts_ns IS 'Latest member arrival on the members'' shared clock; NULL as first_arrival_ts_ns.';
 COMMENT ON COLUMN match_instances.last_rank IS 'The member that arrived last (the lowest rank on a tie), on the members'' shared clock; NULL as first_arrival_ts_ns.';
 COMMENT ON COLUMN match_instances.wait_ns IS 'Sum over the members of last_arrival_ts_ns - own arrival: rank-time spent waiting for the last peer; NULL as first_arrival_ts_ns.';
+COMMENT ON COLUMN match_instances.group_from IS 'How the group was identified: pg_name, pg_ranks (traced without a name), or sequence (no group traced: inferred from the call sequences, which agree on every rank that traced the step; match_nameless_steps).';
 COMMENT ON COLUMN match_instances.end_ts_ns IS 'Common end of the members'' device work on their shared clock (median up to 4 members, beyond that the mean without the earliest and latest end); NULL as first_arrival_ts_ns, or when a member has no end.';
 
 CREATE TABLE IF NOT EXISTS match_members (
@@ -114,28 +128,108 @@ COMMENT ON COLUMN match_members_aligned.end_ts_ns IS 'match_members.end_ts_ns: o
 COMMENT ON COLUMN match_members_aligned.arrival_aligned_ns IS 'arrival_ts_ns + the rank''s clock offset (ranks.clock_offset_ns): on the reference clock; NULL while the offset is unknown (clock not run, or the host not linked to the reference).';
 COMMENT ON COLUMN match_members_aligned.end_aligned_ns IS 'end_ts_ns + the rank''s clock offset; NULL without device work or offset.';
 
+CREATE TABLE IF NOT EXISTS match_nameless_steps (
+    run_id INTEGER NOT NULL,
+    step INTEGER,
+    ranks INTEGER[] NOT NULL,
+    num_calls BIGINT NOT NULL,
+    inferred BOOLEAN NOT NULL,
+    reason VARCHAR
+);
+COMMENT ON TABLE match_nameless_steps IS 'One row per step with collective calls that name no process group (neither name nor ranks): whether their group was inferred from the call sequences.';
+COMMENT ON COLUMN match_nameless_steps.run_id IS 'Run (runs.run_id).';
+COMMENT ON COLUMN match_nameless_steps.step IS 'Profiler step; NULL for the calls outside every step.';
+COMMENT ON COLUMN match_nameless_steps.ranks IS 'The ranks that traced the step (that made such calls, for the calls outside every step): the inferred group''s members when inferred.';
+COMMENT ON COLUMN match_nameless_steps.num_calls IS 'Calls without a process group in the step, over all ranks.';
+COMMENT ON COLUMN match_nameless_steps.inferred IS 'True when every rank of ranks made the same sequence of such calls (op, compared size, dtype, in order), two ranks at least, and a traced group size, if any, is their number: the calls are matched as one group (match_instances.group_from = sequence). False: none of the step''s such calls is matched.';
+COMMENT ON COLUMN match_nameless_steps.reason IS 'Why the group was not inferred, in words; NULL when inferred.';
+
+-- The size the members of an instance must agree on (NULL: not compared; all_to_all splits differ).
+CREATE OR REPLACE TEMP MACRO _match_cmp_elems(op, in_elems, out_elems) AS CASE
+    WHEN op IN ('all_reduce', 'broadcast', 'reduce', 'all_gather', 'gather', 'send', 'recv') THEN in_elems
+    WHEN op IN ('reduce_scatter', 'scatter') THEN coalesce(out_elems, in_elems) END;
+
+-- Algorithm: per step and rank, one hash of the ordered (op, compared size, dtype) of its calls
+-- without a group; a step's group is inferred when its ranks have one hash between them.
+INSERT INTO match_nameless_steps
+WITH calls AS (
+    SELECT step, rank, len(calls) AS num_calls, hash(calls) AS sig, calls, min_size, max_size
+    FROM (SELECT step, rank, min(group_size) AS min_size, max(group_size) AS max_size,
+              list(concat_ws(' ', op, CAST(_match_cmp_elems(op, in_elems, out_elems) AS VARCHAR),
+                             lower(regexp_replace(dtype, '^c10::', ''))) ORDER BY call_index) AS calls
+          FROM collectives
+          WHERE run_id = $run_id AND pg_name IS NULL AND pg_ranks IS NULL AND NOT is_p2p
+          GROUP BY step, rank)
+), traced AS (
+    -- the ranks that traced each step with such calls (a rank with none of them is not its peers' group)
+    SELECT DISTINCT s.step, s.rank FROM steps s
+    WHERE s.run_id = $run_id AND s.step IN (SELECT step FROM calls)
+    UNION SELECT step, rank FROM calls
+), per_rank AS (
+    SELECT t.step, t.rank, c.sig, c.calls, coalesce(c.num_calls, 0) AS num_calls, c.min_size, c.max_size
+    FROM traced t LEFT JOIN calls c ON c.step IS NOT DISTINCT FROM t.step AND c.rank = t.rank
+), classes AS (
+    SELECT step, sig, list(rank ORDER BY rank) AS ranks, any_value(calls) AS calls FROM per_rank GROUP BY step, sig
+), majority AS (
+    -- the sequence most ranks made (the lowest ranks on a tie): the others are told against it
+    SELECT step, calls AS major FROM classes WHERE sig IS NOT NULL
+    QUALIFY row_number() OVER (PARTITION BY step ORDER BY len(ranks) DESC, ranks) = 1
+), differ AS (
+    -- each sequence's first call (1-based) that differs from the majority's
+    SELECT c.*, m.major, list_position(list_transform(range(1, greatest(len(c.calls), len(m.major)) + 1),
+                                                     lambda i: c.calls[i] IS DISTINCT FROM m.major[i]), true) AS at
+    FROM classes c JOIN majority m ON m.step IS NOT DISTINCT FROM c.step
+    WHERE c.sig IS NOT NULL
+), judged AS (
+    SELECT p.step, list(p.rank ORDER BY p.rank) AS ranks, sum(p.num_calls) AS num_calls,
+        count(DISTINCT p.sig) AS num_sigs, list(p.rank ORDER BY p.rank) FILTER (WHERE p.sig IS NULL) AS silent,
+        min(p.min_size) AS min_size, max(p.max_size) AS max_size,
+        (SELECT string_agg(format('call {} of the step is {} on ranks {}, {} on ranks {}', d.at,
+                                  coalesce(d.major[d.at], 'none'), (SELECT list(q.ranks) FROM classes q WHERE q.step IS NOT DISTINCT FROM d.step AND q.calls = d.major)[1],
+                                  coalesce(d.calls[d.at], 'none'), d.ranks), '; ' ORDER BY d.ranks)
+         FROM differ d WHERE d.step IS NOT DISTINCT FROM p.step AND d.at IS NOT NULL) AS sequences
+    FROM per_rank p GROUP BY p.step
+)
+SELECT $run_id, step, ranks, num_calls,
+    num_sigs = 1 AND silent IS NULL AND len(ranks) >= 2 AND (min_size IS NULL OR min_size = max_size AND max_size = len(ranks)),
+    nullif(concat_ws('; ',
+        CASE WHEN len(ranks) < 2 THEN format('only rank {} makes them', ranks[1]) END,
+        CASE WHEN silent IS NOT NULL THEN format('ranks {} traced the step but made none of them', silent) END,
+        CASE WHEN num_sigs > 1 THEN format('the ranks'' sequences of (op, elements compared, dtype) disagree: {}', sequences) END,
+        CASE WHEN num_sigs = 1 AND silent IS NULL AND len(ranks) >= 2 AND min_size IS NOT NULL
+                  AND NOT (min_size = max_size AND max_size = len(ranks))
+             THEN format('the traced group size {} is not the {} ranks making them: they belong to smaller groups that cannot be told apart',
+                         CASE WHEN min_size = max_size THEN CAST(min_size AS VARCHAR) ELSE format('{}-{}', min_size, max_size) END,
+                         len(ranks)) END), '')
+FROM judged;
+
 -- The groups of the run: identity, expected members, and the pair of a two-rank group.
 CREATE OR REPLACE TEMP TABLE _match_groups AS
 WITH g AS (
     -- named and unnamed groups apart: a list in the grouping key of every call cost seconds
-    SELECT pg_name, NULL::INTEGER[] AS unnamed_ranks,
+    SELECT pg_name, NULL::INTEGER[] AS unnamed_ranks, NULL::INTEGER[] AS inferred_ranks,
         any_value(pg_desc) AS pg_desc, any_value(pg_ranks) AS pg_ranks, max(group_size) AS group_size
     FROM collectives
     WHERE run_id = $run_id AND pg_name IS NOT NULL
     GROUP BY pg_name
     UNION ALL
-    SELECT NULL, pg_ranks, any_value(pg_desc), pg_ranks, max(group_size)
+    SELECT NULL, pg_ranks, NULL, any_value(pg_desc), pg_ranks, max(group_size)
     FROM collectives
     WHERE run_id = $run_id AND pg_name IS NULL AND pg_ranks IS NOT NULL
     GROUP BY pg_ranks
+    UNION ALL
+    -- inferred groups, numbered after the traced ones (whose numbers do not change)
+    SELECT NULL, NULL, ranks, NULL, NULL, len(ranks)
+    FROM (SELECT DISTINCT ranks FROM match_nameless_steps WHERE run_id = $run_id AND inferred)
 ), seen AS (
     -- ranks calling on a group whose ranks were not traced: its expected members
     SELECT pg_name, list(DISTINCT rank ORDER BY rank) AS ranks FROM collectives
     WHERE run_id = $run_id AND pg_name IN (SELECT pg_name FROM g WHERE pg_ranks IS NULL)
     GROUP BY pg_name
 ), e AS (
-    SELECT CAST(row_number() OVER (ORDER BY g.pg_name NULLS LAST, g.unnamed_ranks) AS BIGINT) AS gid, g.*,
-        coalesce(list_sort(g.pg_ranks), s.ranks) AS expected
+    SELECT CAST(row_number() OVER (ORDER BY g.inferred_ranks IS NOT NULL, g.pg_name NULLS LAST, g.unnamed_ranks,
+                                         g.inferred_ranks) AS BIGINT) AS gid, g.*,
+        coalesce(list_sort(g.pg_ranks), s.ranks, g.inferred_ranks) AS expected
     FROM g LEFT JOIN seen s USING (pg_name)
 ), clocks AS (
     -- whether the expected ranks share one clock: one host (a rank without one is its own clock)
@@ -150,6 +244,13 @@ SELECT e.*,
     list_reduce(list_transform(expected, lambda r: hash(r)), lambda a, b: xor(a, b)) AS expected_xor,
     coalesce(c.one_clock, false) AS one_clock
 FROM e LEFT JOIN clocks c USING (gid);
+
+-- The steps whose calls without a group were inferred one, with that group (a few rows: calls join
+-- it on their step, never on a list of ranks).
+CREATE OR REPLACE TEMP TABLE _match_inferred_steps AS
+SELECT n.step, g.gid, g.pair_lo, g.pair_hi
+FROM match_nameless_steps n JOIN _match_groups g ON g.inferred_ranks = n.ranks
+WHERE n.run_id = $run_id AND n.inferred;
 
 -- Every call of run `rid` with its group, sender and receiver (p2p) and match number k:
 -- * a call with a seq that numbers its instances: that seq (collectives; send/recv when no rank
@@ -184,6 +285,10 @@ WITH c AS (
     UNION ALL
     SELECT c.*, g.gid, g.pair_lo, g.pair_hi FROM collectives c JOIN _match_groups g ON g.unnamed_ranks = c.pg_ranks
     WHERE c.run_id = rid AND c.pg_name IS NULL AND g.pg_name IS NULL
+    UNION ALL
+    SELECT c.*, g.gid, g.pair_lo, g.pair_hi FROM collectives c
+    JOIN _match_inferred_steps g ON g.step IS NOT DISTINCT FROM c.step
+    WHERE c.run_id = rid AND c.pg_name IS NULL AND c.pg_ranks IS NULL AND NOT c.is_p2p
 ), k AS (
     SELECT rank, call_index, op, is_p2p, seq, step, dtype, in_elems, in_bytes, out_bytes, gid,
         coalesce(device_ts_ns, cpu_ts_ns) AS arrival_ts_ns, device_ts_ns + device_dur_ns AS end_ts_ns,
@@ -192,9 +297,7 @@ WITH c AS (
              ELSE coalesce(peer_rank, CASE rank WHEN pair_lo THEN pair_hi WHEN pair_hi THEN pair_lo END) END AS src_rank,
         CASE WHEN NOT is_p2p THEN NULL WHEN op = 'recv' THEN rank
              ELSE coalesce(peer_rank, CASE rank WHEN pair_lo THEN pair_hi WHEN pair_hi THEN pair_lo END) END AS dst_rank,
-        -- the size every member must agree on (NULL: not compared)
-        CASE WHEN op IN ('all_reduce', 'broadcast', 'reduce', 'all_gather', 'gather', 'send', 'recv') THEN in_elems
-             WHEN op IN ('reduce_scatter', 'scatter') THEN coalesce(out_elems, in_elems) END AS cmp_elems
+        _match_cmp_elems(op, in_elems, out_elems) AS cmp_elems
     FROM c
 )
 SELECT *, seq AS k FROM k WHERE seq IS NOT NULL AND (NOT is_p2p OR getvariable('match_p2p_seq_numbers'))
@@ -381,7 +484,8 @@ SELECT $run_id, p.instance_id,
     CASE WHEN p.on_device THEN 'device' ELSE 'cpu' END,
     CASE WHEN p.own_clock THEN p.first_ts_ns END, CASE WHEN p.own_clock THEN p.last_ts_ns END,
     CASE WHEN p.own_clock THEN p.last_rank END, CASE WHEN p.own_clock THEN p.wait_ns END,
-    CASE WHEN p.own_clock THEN p.end_ts_ns END
+    CASE WHEN p.own_clock THEN p.end_ts_ns END,
+    CASE WHEN g.inferred_ranks IS NOT NULL THEN 'sequence' WHEN g.pg_name IS NOT NULL THEN 'pg_name' ELSE 'pg_ranks' END
 FROM (SELECT *, one_clock AND len(extra) = 0 AND n_arrivals = num_members AS own_clock FROM problems) p
 JOIN _match_groups g USING (gid);
 

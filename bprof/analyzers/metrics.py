@@ -2,7 +2,9 @@
 
 Definitions (the README repeats them):
 - step time of the job = for each step, the longest span over ranks (the job moves at its slowest
-  rank); the run's `step_time_ns` is the median over steps.
+  rank); the run's `step_time_ns` is the median over steps. A rank's span is its step on the device
+  where it has one (the device work the step launched: when the host runs ahead, the CPU ranges
+  understate the step), else its CPU step (timeline_spans); MFU, HFU and tokens/s divide by it.
 - MFU = declared model FLOPs per step / (step time × Σ over the job's ranks of the dense peak at
   the matmul dtype). Model FLOPs come from the capture (bprof.set_model_flops) - never from traces.
 - HFU = executed FLOPs per step from recorded shapes (recompute included; kernels_flops) summed

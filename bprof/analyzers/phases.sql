@@ -1,6 +1,6 @@
 -- Which phase of the training step (data wait, forward, backward, recompute, optimizer, other) is
 -- each rank's host in, for how long per step, and how much device work does each phase launch?
--- Reads timeline_spans, events, reduced_ranks; writes phases_steps and phases_ranks. Reduced ranks
+-- Reads timeline_spans, timeline_threads, events, collectives, reduced_ranks; writes phases_steps and phases_ranks. Reduced ranks
 -- (ingested from `bprof reduce` output) have no events, hence no phases: they get no rows.
 --
 -- Definitions. The host of a rank is its main thread (timeline_spans) plus every thread that runs
@@ -10,8 +10,11 @@
 --   span: a ProfilerStep boundary can fall inside Optimizer.step).
 -- * data_wait: inside a data-loading range (`enumerate(DataLoader)#...__next__`, or any range whose
 --   name contains "dataloader", such as bprof/dataloader). A rank with no such range anywhere: the
---   host-idle time (in no op and no CUDA runtime call: a cudaDeviceSynchronize waits for the device)
---   of a step before its first forward op.
+--   host-idle time (in no op, no user range and no CUDA runtime call: a cudaDeviceSynchronize waits
+--   for the device)
+--   of a step before its first forward op, except while a collective of the rank runs on a rank
+--   without device kernels (gloo: the training thread blocked in an FSDP unshard or a DDP bucket
+--   wait records no op; it is waiting for a peer, never for data).
 -- * backward: inside an `autograd::engine::evaluate_function: ...` range or a `*Backward*` op.
 -- * recompute: an op with a `Sequence number` inside a backward range: activation checkpointing
 --   re-runs the forward during the backward (torch.utils.checkpoint, reentrant or not, shows no
@@ -27,7 +30,8 @@
 -- * Time in none of these (Python between ops, unclassified ops, communication at top level) takes
 --   the phase of the activity before and after it when both are the same phase, else it is other.
 --   So a phase's wall time runs from its first op to its last op in each contiguous stretch.
--- The phases of a step tile its span: their dur_ns sum to the span.
+-- The phases of a step tile its span on the host (timeline_spans.host_ts_ns/host_dur_ns: where
+-- the device lags, the step span is the device's, later than the host's): their dur_ns sum to it.
 
 CREATE TABLE IF NOT EXISTS phases_steps (
     run_id INTEGER NOT NULL, rank INTEGER NOT NULL, step INTEGER NOT NULL, phase VARCHAR NOT NULL,
@@ -41,7 +45,7 @@ COMMENT ON COLUMN phases_steps.rank IS 'Global rank.';
 COMMENT ON COLUMN phases_steps.step IS 'Profiler step (-1: whole trace).';
 COMMENT ON COLUMN phases_steps.phase IS 'data_wait, forward, backward, recompute, optimizer or other (definitions in phases.sql).';
 COMMENT ON COLUMN phases_steps.dur_ns IS 'Host wall time in the phase within the step span (main thread and autograd threads).';
-COMMENT ON COLUMN phases_steps.share_frac IS 'dur_ns / step span; the phases of a step sum to 1.';
+COMMENT ON COLUMN phases_steps.share_frac IS 'dur_ns / the step''s span on the host (timeline_spans.host_dur_ns); the phases of a step sum to 1.';
 COMMENT ON COLUMN phases_steps.device_busy_ns IS 'Union of the device activity (kernels, memcpy, memset) launched from this phase (runtime call to device op by correlation id), clipped to the span; NULL on CPU traces.';
 COMMENT ON COLUMN phases_steps.device_idle_ns IS 'Part of dur_ns during which the device ran nothing at all: the phase''s time exposed on the device; NULL on CPU traces.';
 COMMENT ON COLUMN phases_steps.num_device_ops IS 'Device operations (kernels, memcpy, memset) launched from this phase; NULL on CPU traces.';
@@ -104,15 +108,25 @@ SELECT n.*, s.seq_known, d.data_known,
     END AS cls
 FROM nested n JOIN seq_known s USING (rank) JOIN data_known d USING (rank);
 
+-- Ranks with device kernels (GPU traces).
+CREATE OR REPLACE TEMP TABLE _phases_kernel_ranks AS
+SELECT DISTINCT rank FROM events WHERE run_id = $run_id AND kind = 'kernel';
+
 -- The intervals of every span, clipped to it: 0 optimizer, 1 data_wait, 2 recompute, 3 backward,
--- 4 forward, 5 device activity (GPU traces), 6 any host op or runtime call, 7 the span itself.
+-- 4 forward, 5 device activity (GPU traces; the collectives' ranges on ranks without kernels),
+-- 6 any host op, user range or runtime call, 7 the span itself.
 CREATE OR REPLACE TEMP TABLE _phases_iv AS
 WITH spans AS (
-    SELECT rank, step, ts_ns, ts_ns + dur_ns AS end_ns FROM timeline_spans WHERE run_id = $run_id AND dur_ns > 0
+    -- the step on the host (where the device lags, the device span is later than the host's step)
+    SELECT rank, step, host_ts_ns AS ts_ns, host_ts_ns + host_dur_ns AS end_ns FROM timeline_spans
+    WHERE run_id = $run_id AND dur_ns > 0 AND host_dur_ns > 0
 ), host AS (
     SELECT rank, tid, ts_ns, end_ns, cls FROM _phases_host WHERE cls IS NOT NULL
     UNION ALL
-    SELECT rank, tid, ts_ns, end_ns, 6 FROM _phases_host WHERE kind = 'cpu_op'
+    -- a user's own range (record_function, bprof.annotate) is the host running the user's code, even
+    -- where its ops leave Python between them: a rank's 100 ms loop of small matmuls before forward
+    -- was 20 ms of "waiting for data" in its gaps
+    SELECT rank, tid, ts_ns, end_ns, 6 FROM _phases_host WHERE kind IN ('cpu_op', 'user_annotation')
     UNION ALL
     -- a CUDA/HIP runtime or driver call outside every op is the host at work too: most often a
     -- synchronize (torch.cuda.synchronize() records no op, only cudaDeviceSynchronize), which is
@@ -123,6 +137,10 @@ WITH spans AS (
     UNION ALL
     SELECT rank, 'stream ' || coalesce(stream, -1), ts_ns, ts_ns + dur_ns, 5 FROM events
     WHERE run_id = $run_id AND kind IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND dur_ns > 0
+    UNION ALL
+    -- on a rank without kernels the collectives' own ranges (a gloo worker's) stand in for the device
+    SELECT c.rank, 'comm', c.device_ts_ns, c.device_ts_ns + c.device_dur_ns, 5 FROM collectives c
+    WHERE c.run_id = $run_id AND c.device_dur_ns > 0 AND c.rank NOT IN (SELECT rank FROM _phases_kernel_ranks)
 ), outermost AS (
     -- an interval inside an earlier one of its class on its thread adds nothing to the class: most
     -- ops are children of other ops, and the sweep below costs by the interval
@@ -165,11 +183,13 @@ WITH seg AS (
 )
 SELECT c.rank, c.step, c.ts_ns, c.end_ns, c.device_active,
     CASE WHEN c.label IS NOT NULL THEN c.label
-         WHEN NOT c.in_op AND NOT c.after_forward AND c.before_forward AND NOT coalesce(d.data_known, false) THEN 'data_wait'
+         WHEN NOT c.in_op AND NOT c.after_forward AND c.before_forward AND NOT coalesce(d.data_known, false)
+              AND NOT (c.device_active AND k.rank IS NULL) THEN 'data_wait'
          WHEN c.prev_label = c.next_label THEN c.prev_label
          ELSE 'other' END AS phase
 FROM ctx c
-LEFT JOIN (SELECT DISTINCT rank, data_known FROM _phases_host) d USING (rank);
+LEFT JOIN (SELECT DISTINCT rank, data_known FROM _phases_host) d USING (rank)
+LEFT JOIN _phases_kernel_ranks k USING (rank);
 
 -- Device work launched from each phase: runtime calls on host threads, matched to device ops by
 -- correlation id; the launch's phase is the phase of the segment holding the call's start.
@@ -208,7 +228,7 @@ WITH phases AS (
     FROM _phases_launched GROUP BY ALL
 )
 SELECT $run_id, s.rank, s.step, p.phase,
-    CAST(coalesce(h.dur_ns, 0) AS BIGINT), coalesce(h.dur_ns, 0) / s.dur_ns,
+    CAST(coalesce(h.dur_ns, 0) AS BIGINT), coalesce(h.dur_ns, 0) / s.host_dur_ns,
     CASE WHEN s.timeline = 'device' THEN CAST(coalesce(b.busy_ns, 0) AS BIGINT) END,
     CASE WHEN s.timeline = 'device' THEN CAST(coalesce(h.idle_ns, 0) AS BIGINT) END,
     CASE WHEN s.timeline = 'device' THEN coalesce(o.num_ops, 0) END
@@ -216,11 +236,11 @@ FROM timeline_spans s CROSS JOIN phases p
 LEFT JOIN host h ON h.rank = s.rank AND h.step = s.step AND h.phase = p.phase
 LEFT JOIN busy b ON b.rank = s.rank AND b.step = s.step AND b.phase = p.phase
 LEFT JOIN ops o ON o.rank = s.rank AND o.step = s.step AND o.phase = p.phase
-WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id);
+WHERE s.run_id = $run_id AND s.dur_ns > 0 AND s.host_dur_ns > 0 AND s.rank NOT IN (SELECT rank FROM reduced_ranks WHERE run_id = $run_id);
 
 INSERT INTO phases_ranks
 SELECT $run_id, p.rank, p.phase, count(*), CAST(round(avg(p.dur_ns)) AS BIGINT), CAST(median(p.dur_ns) AS BIGINT),
-    sum(p.dur_ns) / sum(s.dur_ns), CAST(median(p.device_idle_ns) AS BIGINT)
+    sum(p.dur_ns) / sum(s.host_dur_ns), CAST(median(p.device_idle_ns) AS BIGINT)
 FROM phases_steps p JOIN timeline_spans s ON s.run_id = p.run_id AND s.rank = p.rank AND s.step = p.step
 WHERE p.run_id = $run_id
 GROUP BY p.rank, p.phase;

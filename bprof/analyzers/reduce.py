@@ -13,8 +13,6 @@ other ranks but the dimension of a process group, which breakdown infers from th
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,7 +27,8 @@ from bprof.errors import UsageError
 from bprof.store.db import open_store
 from bprof.store.discover import RunFiles
 from bprof.store.ingest import IngestOptions, ingest_run
-from bprof.store.reduce import FORMAT, FORMAT_VERSION, MANIFEST, SUFFIX, TABLES, file_sha256, is_reduced_dir, now_iso
+from bprof.store.kineto_file import trace_path, trace_text
+from bprof.store.reduce import FORMAT, FORMAT_VERSION, MANIFEST, SUFFIX, TABLES, file_sha256, is_reduced_dir, now_iso, replaced_dir
 
 # Where each reduced table's rows come from in the scratch store; $run_id is bound. Columns are
 # the target store table's, minus run_id (see _columns).
@@ -90,9 +89,10 @@ def reduce_trace(trace: Path, out: Path | None = None, *, rank: int | None = Non
                  memory_limit: str = "600MB", threads: int | None = None) -> ReduceResult:
     """Reduce one rank's trace into `out` (default: rank<R>.reduced beside the trace), replacing an
     earlier reduced output there; the directory appears whole or not at all. `threads` caps
-    DuckDB's threads (default: one per core), for a reduce that runs beside training."""
+    DuckDB's threads (default: one per core), for a reduce that runs beside training. The trace may
+    be an fsspec URL (kineto_file.trace_path), read as a stream; `out` is a local directory."""
     started = time.perf_counter()
-    trace = Path(trace)
+    trace = trace_path(trace)
     if not trace.is_file():
         raise UsageError(f"{trace}: no such trace file (bprof reduce takes one rank's trace)")
     if out is not None and Path(out).exists() and not is_reduced_dir(Path(out)):
@@ -101,6 +101,8 @@ def reduce_trace(trace: Path, out: Path | None = None, *, rank: int | None = Non
         # a file store, so that DuckDB spills past memory_limit instead of failing on a large trace
         con = open_store(Path(tmp) / "rank.duckdb")
         try:
+            if not isinstance(trace, Path):  # files beside a remote trace (Flight Recorder entries) are read by DuckDB
+                con.register_filesystem(trace.fs)
             if threads is not None:
                 con.execute(f"SET threads = {max(1, int(threads))}")  # an int, checked: SET takes no parameter
             ingested = ingest_run(con, RunFiles(trace.name, (trace,), named=frozenset({trace})),
@@ -123,10 +125,7 @@ def reduce_trace(trace: Path, out: Path | None = None, *, rank: int | None = Non
 def _write(con: duckdb.DuckDBPyConnection, run_id: int, result: ReduceResult, metadata: dict) -> None:
     """Write every table and the manifest into a temporary sibling of result.out, then swap it in."""
     out = result.out
-    staging = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with replaced_dir(out) as staging:
         tables = {}
         for name, target in TABLES.items():
             path = staging / f"{name}.parquet"
@@ -141,19 +140,13 @@ def _write(con: duckdb.DuckDBPyConnection, run_id: int, result: ReduceResult, me
         manifest = {
             "format": FORMAT, "version": FORMAT_VERSION, "rank": result.rank,
             "bprof_version": bprof.__version__, "reduced_at": now_iso(),
-            "trace": {"path": str(result.trace.resolve()), "bytes": result.trace_bytes,
+            "trace": {"path": trace_text(result.trace), "bytes": result.trace_bytes,
                       "json_bytes": result.trace_json_bytes, "num_events": result.num_events,
                       "window": _window(result.trace)},
             "metadata": metadata,
             "tables": tables,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str))
-        if out.exists():
-            shutil.rmtree(out)
-        staging.replace(out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     result.rows = {n: t["rows"] for n, t in tables.items()}
     result.bytes = {f"{n}.parquet": t["bytes"] for n, t in tables.items()} | {MANIFEST: (out / MANIFEST).stat().st_size}
     result.reduced_bytes = sum(result.bytes.values())
@@ -177,5 +170,5 @@ def _run_facts(meta: dict) -> dict:
 
 def _window(trace: Path) -> str | None:
     """bprof record's window folder (iteration_N) of the trace, which all ranks of a run share."""
-    parent = trace.resolve().parent
+    parent = trace.resolve().parent if isinstance(trace, Path) else trace.parent
     return parent.name if parent.name.startswith("iteration_") and parent.parent.name == "traces" else None

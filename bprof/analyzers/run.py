@@ -18,7 +18,7 @@ from bprof.analyzers.base import Options, Result, replace_rows, table_exists, wr
 
 # Order matters: later analyzers read the tables of earlier ones (timeline_spans first).
 # phases after idle: the data-wait finding is priced with the idle analysis's idle_segments.
-ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "idle", "phases", "launch", "memory",
+ANALYZERS = ["timeline", "match", "clock", "collperf", "breakdown", "kernels", "idle", "phases", "storms", "launch", "memory",
              "bubbles", "stragglers", "metrics", "joint"]
 HTA_COMPAT = "hta_compat"
 

@@ -9,14 +9,15 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from bprof.analyzers import between
 from bprof.analyzers.base import Options
 from bprof.analyzers.run import analyze_run, summary
-from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.cli.between import print_between
+from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json, open_existing_store
+from bprof.cli.tables import Grid
 from bprof.dashboards.format import pct as _pct
 from bprof.errors import UsageError
-from bprof.store.db import open_store
 from bprof.store.limits import set_memory_limit
 from bprof.store.runs import resolve_run
 
@@ -50,20 +51,27 @@ def analyze(
                       nic_bytes_per_s=None if nic_gbps is None else nic_gbps * 1e9 / 8,
                       hta_compat=hta_compat, tokens_per_step=tokens_per_step)
     console = Console(stderr=True)
-    con = open_store(db)
+    con = open_existing_store(db)
     try:
         if memory_limit is not None:
             set_memory_limit(con, memory_limit)
-        run_id = resolve_run(con, run)
-        with console.status("analyzing") as status:
-            analyze_run(con, run_id, options, progress=lambda name: status.update(f"analyzing: {name}"))
-        data = summary(con, run_id)
+        run_id, recording_id = between.resolve(con, run)
+        data = {"run": None}
+        if run_id is not None:
+            with console.status("analyzing") as status:
+                analyze_run(con, run_id, options, progress=lambda name: status.update(f"analyzing: {name}"))
+            data = summary(con, run_id)
+        if recording_id is not None:
+            data["between_windows"] = between.view(con, recording_id)
     finally:
         con.close()
     if as_json:
         print_json(data)
     else:
-        _print(data, top)
+        if run_id is not None:
+            _print(data, top)
+        if recording_id is not None:
+            print_between(Console(), data["between_windows"])
 
 
 def _print(data: dict, top: int) -> None:
@@ -72,30 +80,30 @@ def _print(data: dict, top: int) -> None:
     console.print(f"[bold]run {run['run_id']}[/bold] {escape(run['name'])}  ranks {run['num_ranks_ingested']}/{run['world_size'] or '?'}"
                   f"  device {run['device_name'] or '?'}")
     console.print(headline(m))
-    ranks = Table("rank", "step", "compute", "exposed comm", "overlapped comm", "memcpy", "idle", "other", "comm overlap",
+    ranks = Grid("rank", "step", "compute", "exposed comm", "overlapped comm", "memcpy", "idle", "other", "comm overlap",
                   title="Where the step goes (share of the step span)")
     shown = sorted(data["ranks"], key=lambda r: -r["median_step_ns"])[:MAX_RANK_ROWS]
     for r in sorted(shown, key=lambda r: r["rank"]):
         ranks.add_row(str(r["rank"]), f"{r['median_step_ns'] / 1e6:.2f} ms",
                       *(_pct(r[k]) for k in ("compute_frac", "exposed_comm_frac", "overlapped_comm_frac",
                                              "memcpy_frac", "idle_frac", "other_frac", "comm_overlap_frac")))
-    console.print(ranks)
+    ranks.print(console)
     if len(data["ranks"]) > MAX_RANK_ROWS:
         console.print(f"({MAX_RANK_ROWS} slowest of {len(data['ranks'])} ranks shown; --json has every rank)")
     if data.get("kernel_classes"):
         console.print("kernel time by class: " + ", ".join(
             f"{escape(k['fine_class'])} {_pct(k['share_frac'])}" for k in data["kernel_classes"][:8]))
     if data.get("phases"):
-        phases = Table(*PHASE_COLUMNS, title="Phases (per step on the median rank; share of its step time)")
+        phases = Grid(*PHASE_COLUMNS, title="Phases (per step on the median rank; share of its step time)")
         for row in phase_rows(data["phases"]):
             phases.add_row(*row)
-        console.print(phases)
-    findings = Table("lost/step", "severity", "finding", "advice", title="Findings, by time the step would get back")
+        phases.print(console)
+    findings = Grid("lost/step", "severity", "finding", "advice", title="Findings, by time the step would get back")
     for f in data["findings"][:top]:
         # titles can carry kernel and op names: untrusted text, never rich markup
         findings.add_row("" if f["lost_ns"] is None else f"{f['lost_ns'] / 1e6:.2f} ms", f["severity"],
                          escape(f["title"]), escape(f["advice"] or ""))
-    console.print(findings)
+    findings.print(console)
 
 
 MAX_RANK_ROWS = 16

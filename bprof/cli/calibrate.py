@@ -8,9 +8,9 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from bprof.cli.options import DbOption, JsonOption, print_json
+from bprof.cli.options import DbOption, JsonOption, check_store_can_be_created, print_json
+from bprof.cli.tables import Grid
 from bprof.replay.calibrate import calibrate as measure
 from bprof.store.db import open_store
 from bprof.store.peaks import save_peaks
@@ -31,21 +31,30 @@ def calibrate(
     as_json: bool = JsonOption,
 ) -> None:
     """Measure dense matmul FLOP/s and copy bandwidth here, and store them as this host's peaks."""
-    con = open_store(db)  # a bad --db fails before seconds of measuring
+    # calibrate may create the store: on a fresh machine it is the one command that comes before
+    # any run (docs/calibrate.md). It creates it only once there is something to store, so a
+    # calibration that fails leaves no empty store behind; a bad --db still fails before seconds
+    # of measuring (an existing file that is not a store, a missing folder).
+    con = open_store(db) if Path(db).exists() else None
+    if con is None:
+        check_store_can_be_created(db)
     try:
         with Console(stderr=True).status("calibrating") as status:
             peaks = measure(device=device, dtypes=dtype or None, num_threads=threads, repeats=repeats,
                             progress=lambda message: status.update(f"calibrating: {message}"))
+        if con is None:
+            con = open_store(db)
         save_peaks(con, peaks)
     finally:
-        con.close()
+        if con is not None:
+            con.close()
     if as_json:
         print_json([asdict(p) for p in peaks])
         return
     first = peaks[0]
-    table = Table("dtype", "threads", "GFLOP/s", "spread", "copy GB/s", title=f"{first.host}: {first.device_name}",
+    table = Grid("dtype", "threads", "GFLOP/s", "spread", "copy GB/s", title=f"{first.host}: {first.device_name}",
                   caption=f"n={first.matmul_size}, best of {first.num_repeats} repeats; saved to {db}")
     for p in peaks:
         spread = "" if p.flops_per_s_spread_frac is None else f"{100 * p.flops_per_s_spread_frac:.1f}%"
         table.add_row(p.dtype, str(p.num_threads), f"{p.flops_per_s / 1e9:,.1f}", spread, f"{p.mem_bytes_per_s / 1e9:,.1f}")
-    Console().print(table)
+    table.print(Console())

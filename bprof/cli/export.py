@@ -1,5 +1,5 @@
-"""`bprof export RUN --parquet DIR | --perfetto FILE`: the way out of the store, for scale-out
-(Parquet) or for looking at one step in Perfetto."""
+"""`bprof export RUN --parquet DIR | --perfetto FILE | --prometheus FILE`: the way out of the store, for
+scale-out (Parquet), for looking at one step in Perfetto, or a watched run's metrics for Prometheus."""
 
 from __future__ import annotations
 
@@ -27,12 +27,20 @@ def export(
     step: Optional[int] = typer.Option(None, "--step", help="--perfetto: the step (default: the step of median length)."),
     ranks: Optional[str] = typer.Option(None, "--ranks", help="--perfetto: ranks as 0,1,2 or 0-7,16 "
                                                               "(default: all, at most 64)."),
+    prometheus: Optional[Path] = typer.Option(None, "--prometheus", help="Write a watched recording's metrics (of a "
+                                              "window run, or watch-<dir>) in Prometheus's text format, as "
+                                              "bprof record --watch --metrics-port serves them."),
     db: Path = DbOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Export a run's tables (--parquet) or one step of its ranks (--perfetto)."""
-    if (parquet is None) == (perfetto is None):
-        raise UsageError("say where to export: --parquet DIR or --perfetto FILE (one of them)")
+    """Export a run's tables (--parquet), one step of its ranks (--perfetto) or its watch metrics (--prometheus)."""
+    if sum(x is not None for x in (parquet, perfetto, prometheus)) != 1:
+        raise UsageError("say where to export: --parquet DIR, --perfetto FILE or --prometheus FILE (one of them)")
+    if prometheus is not None:
+        if step is not None or ranks is not None:
+            raise UsageError("--step and --ranks apply to --perfetto only")
+        _prometheus(run, db, prometheus, as_json)
+        return
     if parquet is not None and (step is not None or ranks is not None):
         raise UsageError("--step and --ranks apply to --perfetto only")
     chosen = parse_ranks(ranks) if ranks is not None else None
@@ -61,6 +69,25 @@ def export(
         print_json({"run": run_id, "dir": str(parquet), "rows": counts})
     else:
         typer.echo(f"exported run {run_id} to {parquet}: " + ", ".join(f"{t} {n:,}" for t, n in counts.items()))
+
+
+def _prometheus(run: Optional[str], db: Path, path: Path, as_json: bool) -> None:
+    from bprof.analyzers.between import resolve
+    from bprof.store.watch_metrics import write_prometheus
+
+    con = open_store(db, read_only=True)
+    try:
+        run_id, recording_id = resolve(con, run)
+        if recording_id is None:
+            raise UsageError(f"run {run_id} has no watch series (record with bprof record --watch)")
+        written = write_prometheus(con, recording_id, path)
+    finally:
+        con.close()
+    if as_json:
+        print_json(written)
+    else:
+        typer.echo(f"exported the watch metrics of recording {recording_id} (run label {written['run']}) to {path}: "
+                   f"{written['samples']:,} samples, {written['bytes']:,} bytes")
 
 
 def parse_ranks(text: str) -> list[int]:

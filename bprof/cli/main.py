@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from bprof.cli import analyze, calibrate, ci, export, ingest, record, reduce, replay, report, runs, whatif
+from bprof.cli import analyze, calibrate, ci, export, hang, ingest, record, reduce, replay, report, runs, whatif
 from bprof.errors import BprofError
 
 app = typer.Typer(
@@ -27,6 +27,7 @@ ci.register(app)
 replay.register(app)
 report.register(app)
 whatif.register(app)
+hang.register(app)
 
 
 def main(argv: list[str] | None = None) -> int:

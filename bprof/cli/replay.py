@@ -8,11 +8,11 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json, open_existing_store
+from bprof.cli.tables import Grid
+from bprof.replay.results import verdict_text
 from bprof.replay.run import VARIANTS, ReplayOptions, replay as run_replay
-from bprof.store.db import open_store
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +41,7 @@ def replay(
     options = ReplayOptions(run=run, top=top, op=op, collectives_only=collectives,
                             variants=tuple(variant) if variant else VARIANTS, device=device, repeats=repeats,
                             max_ranks=max_ranks, together=together, dry_run=dry_run)
-    con = open_store(db)
+    con = open_existing_store(db)
     try:
         with Console(stderr=True).status("replaying") as status:
             plan, results = run_replay(con, options, progress=lambda m: status.update(f"replaying: {m}"))
@@ -50,7 +50,7 @@ def replay(
     if as_json:
         print_json([r.record() for r in results])
         return
-    table = Table("item", "variant", "traced", "replayed", "spread", "speedup", "verdict / classification / status", "verifies finding",
+    table = Grid("item", "variant", "traced", "replayed", "spread", "speedup", "outcome", "verifies finding",
                   title=f"replay of run {plan.run_name}" + (" (dry run)" if dry_run else ""),
                   caption=f"intra-op threads {plan.intra_op_threads or 'unknown'}"
                   + (f"; ops and chains with {together - 1} neighbour process(es) running them" if together > 1 else "")
@@ -59,11 +59,11 @@ def replay(
         if r.status == "not_applicable" and r.variant != "baseline":
             continue  # in --json and the replays table; a table row per inapplicable variant hides the rest
         spread = "" if r.replayed_spread_frac is None else f"{100 * r.replayed_spread_frac:.0f}%"
-        outcome = r.verdict or r.classification or (f"{r.status}: {r.reason}" if r.reason else r.status)
+        outcome = verdict_text(r.verdict, r.num_repeats) or r.classification or (f"{r.status}: {r.reason}" if r.reason else r.status)
         table.add_row(escape(r.item), r.variant, _t(r.traced_ns), _t(r.replayed_ns), spread,
                       "" if r.speedup is None else f"{r.speedup:.2f}x", escape(outcome),
                       escape(r.finding_title or "") if r.variant == "baseline" else "")
-    Console().print(table)
+    table.print(Console())
 
 
 def _t(ns):

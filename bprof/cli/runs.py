@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.cli.tables import Grid
 from bprof.store.db import open_store
 from bprof.store.runs import list_runs, resolve_run, run_info
 
@@ -29,12 +29,12 @@ def runs(db: Path = DbOption, as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(rows)
         return
-    table = Table("id", "name", "started", "ranks", "backend", "device", "steps", "median step", "consistent")
+    table = Grid("id", "name", "started", "ranks", "backend", "device", "steps", "median step", "consistent")
     for r in rows:
         table.add_row(str(r["id"]), r["name"], (r["started_at"] or "")[:19],
                       f"{r['num_ranks_ingested']}/{r['world_size'] or '?'}", r["backend"] or "", r["device_name"] or "",
                       str(r["num_steps"]), _ms(r["median_step_ns"]), "yes" if r["consistent"] else "no")
-    Console().print(table)
+    table.print(Console())
 
 
 def info(run: Optional[str] = RunArgument, db: Path = DbOption, as_json: bool = JsonOption) -> None:
@@ -53,21 +53,21 @@ def info(run: Optional[str] = RunArgument, db: Path = DbOption, as_json: bool = 
                   f"ranks ingested {data['num_ranks_ingested']}")
     if not data["consistent"]:
         console.print(f"[yellow]inconsistent[/yellow]: {data['inconsistency']}")
-    ranks = Table("rank", "host", "device", "events", "steps", "trace")
+    ranks = Grid("rank", "host", "device", "events", "steps", "trace")
     for r in data["ranks"]:
         steps = r["steps"] or []
         ranks.add_row(str(r["rank"]), r["host"] or "", r["device_name"] or "", f"{r['num_events']:,}",
                       f"{steps[0]}-{steps[-1]} ({len(steps)})" if steps else "none", r["trace_path"])
-    console.print(ranks)
-    kinds = Table("event kind", "count")
+    ranks.print(console)
+    kinds = Grid("event kind", "count")
     for kind, count in data["events_by_kind"].items():
         kinds.add_row(kind, f"{count:,}")
-    console.print(kinds)
-    colls = Table("collective", "process group", "ranks", "calls", "in bytes")
+    kinds.print(console)
+    colls = Grid("collective", "process group", "ranks", "calls", "in bytes")
     for c in data["collectives_by_op"]:
         colls.add_row(c["op"], c["pg_desc"] or "?", str(c["pg_ranks"] or "?"), str(c["calls"]),
                       f"{c['in_bytes']:,}" if c["in_bytes"] is not None else "?")
-    console.print(colls)
+    colls.print(console)
 
 
 def _ms(ns) -> str:

@@ -9,9 +9,8 @@ from typing import List, Optional
 import numpy as np
 import typer
 
-from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json
+from bprof.cli.options import DbOption, JsonOption, RunArgument, print_json, open_existing_store
 from bprof.dashboards.format import pct
-from bprof.store.db import open_store
 from bprof.store.runs import resolve_run
 
 MAX_ROWS = 32  # rank-steps printed in full; above, a summary
@@ -41,7 +40,7 @@ def whatif(
 
     for t in texts:
         parse(t)  # usage errors before the store is opened
-    con = open_store(db)
+    con = open_existing_store(db)
     try:
         run_id = resolve_run(con, run)
         out = run_whatif(con, run_id, texts)

@@ -19,7 +19,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from bprof.dashboards.pages import PAGES, page_for
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import rank_choices, run_ids, steps
-from bprof.dashboards.sections import (MAX_TABLE_ROWS, Chart, Download, Link, Numbers, Section, Table, Text, View, css,
+from bprof.dashboards.sections import (MAX_TABLE_ROWS, Chart, Details, Download, Link, Numbers, Section, Table, Text, View, css,
                                        view_from_query)
 from bprof.errors import BprofError
 from bprof.store.db import open_store
@@ -159,8 +159,7 @@ def render(sections: list[Section]) -> list:
                 for key, label, text in s.items]))
         elif isinstance(s, Table):
             shown = s.rows[:MAX_TABLE_ROWS]
-            body = [html.Tr([html.Td(dcc.Link(cell.text, href=cell.href()) if isinstance(cell, Link) else cell)
-                             for cell in row]) for row in shown]
+            body = [html.Tr([html.Td(_cell(cell)) for cell in row]) for row in shown]
             out.append(html.Div(id=s.key, className="section", children=[
                 html.H3(s.title),
                 html.Table(className="data", children=[html.Thead(html.Tr([html.Th(c) for c in s.columns])),
@@ -180,6 +179,15 @@ def render(sections: list[Section]) -> list:
                 html.Span(id="download-message", className="note"),
                 dcc.Store(id="download-spec", data={"kind": s.kind, "params": s.params})]))
     return out
+
+
+def _cell(cell):
+    """A table cell as a Dash component: text, a link to another page, or a summary with its full text on demand."""
+    if isinstance(cell, Link):
+        return dcc.Link(cell.text, href=cell.href())
+    if isinstance(cell, Details):
+        return html.Details(className="evidence", children=[html.Summary(cell.summary), html.Pre(cell.full, className="raw")])
+    return cell
 
 
 def _control(name: str, label: str, component) -> html.Div:

@@ -14,7 +14,7 @@ from plotly.offline import get_plotlyjs
 from bprof.dashboards.pages import PAGES
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import run_info
-from bprof.dashboards.sections import MAX_TABLE_ROWS, Chart, Download, Link, Numbers, Section, Table, Text, View, css
+from bprof.dashboards.sections import MAX_TABLE_ROWS, Chart, Details, Download, Link, Numbers, Section, Table, Text, View, css
 
 
 def export_html(con: duckdb.DuckDBPyConnection, run_id: int, path: Path) -> dict:
@@ -48,7 +48,7 @@ def _section(s: Section) -> str:
     if isinstance(s, Table):
         shown = s.rows[:MAX_TABLE_ROWS]
         head = "".join(f"<th>{_e(c)}</th>" for c in s.columns)
-        rows = "".join("<tr>" + "".join(f"<td>{_e(_text(cell))}</td>" for cell in row) + "</tr>" for row in shown)
+        rows = "".join("<tr>" + "".join(f"<td>{_cell(cell)}</td>" for cell in row) + "</tr>" for row in shown)
         more = (f'<p class="note">{len(s.rows) - len(shown):,} more rows not shown</p>' if len(s.rows) > len(shown) else "")
         note = f'<p class="note">{_e(s.note)}</p>' if s.note else ""
         return (f'<div class="section" id="{_e(s.key)}"><h3>{_e(s.title)}</h3><table class="data"><thead><tr>{head}'
@@ -66,9 +66,13 @@ def _section(s: Section) -> str:
     raise TypeError(f"not a report section: {s!r}")
 
 
-def _text(cell: str | Link) -> str:
-    """A link leads to a page of the served report; the file shows no link (its target is not here)."""
-    return "" if isinstance(cell, Link) else cell
+def _cell(cell: str | Link | Details) -> str:
+    """A cell as escaped HTML. A link leads to a page of the served report; the file shows no link
+    (its target is not here)."""
+    if isinstance(cell, Details):
+        return (f'<details class="evidence"><summary>{_e(cell.summary)}</summary>'
+                f'<pre class="raw">{_e(cell.full)}</pre></details>')
+    return "" if isinstance(cell, Link) else _e(cell)
 
 
 def _e(text) -> str:

@@ -43,12 +43,20 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Details:
+    """A table cell showing a short summary, with the full text on demand (HTML <details>): a
+    finding's evidence as readable text, its raw JSON one click away."""
+    summary: str
+    full: str
+
+
+@dataclass(frozen=True)
 class Table:
     """A small table of text cells (already formatted; shown as text, never as markup) or links."""
     key: str
     title: str
     columns: list[str]
-    rows: list[list[str | Link]]
+    rows: list[list[str | Link | Details]]
     note: str | None = None
 
 

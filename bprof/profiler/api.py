@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from bprof.profiler import rank_hook
+from bprof.profiler import nvtx_ranges, rank_hook
 
 
 def step() -> None:
@@ -28,30 +28,31 @@ def set_model_flops(model_flops_per_step: float, executed_flops_per_step: float 
 
 
 class annotate(contextlib.ContextDecorator):
-    """`with bprof.annotate("name"):` or `@bprof.annotate("name")`: an NVTX range (Nsight Systems)
-    and a profiler range (the Kineto trace) around the block."""
+    """`with bprof.annotate("name"):` or `@bprof.annotate("name")`: a profiler range (the Kineto
+    trace, which bprof's analysis reads) and an NVTX range (Nsight Systems) around the block.
+
+    The NVTX range goes through the `nvtx` package where it is installed (domain "bprof", one
+    colour per kind of range: the name up to its first "/"), else torch.cuda.nvtx where CUDA is
+    available, else nowhere (see bprof.profiler.nvtx_ranges)."""
 
     def __init__(self, name: str):
         self.name = name
         self._range = None
-        self._nvtx = False
+        self._nvtx_backend = None
+
+    def _recreate_cm(self):
+        # as a decorator, each call gets its own ranges: recursion and threads do not share them
+        return annotate(self.name)
 
     def __enter__(self):
         import torch
 
         self._range = torch.profiler.record_function(self.name)
         self._range.__enter__()
-        try:
-            torch.cuda.nvtx.range_push(self.name)
-            self._nvtx = True
-        except Exception:  # CPU-only torch builds have no NVTX
-            self._nvtx = False
+        self._nvtx_backend = nvtx_ranges.push(self.name)
         return self
 
     def __exit__(self, *exc):
-        import torch
-
-        if self._nvtx:
-            torch.cuda.nvtx.range_pop()
+        nvtx_ranges.pop(self._nvtx_backend)
         self._range.__exit__(*exc)
         return False

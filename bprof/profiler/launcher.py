@@ -39,6 +39,10 @@ class RecordOptions:
     model_flops: float | None = None
     reduce: bool = False  # each rank runs `bprof reduce` on each window's trace (rank<R>.reduced beside it)
     trigger_steps: int = 3  # steps an on-demand (SIGUSR1) window captures
+    hang_timeout_s: float | None = None  # end the job, with dumps and a verdict, after so long without a step
+    watch: object | None = None  # a bprof.watch.live.WatchOptions: per-iteration telemetry, live scores, triggers
+    metrics_port: int | None = None  # --watch: serve Prometheus metrics there (0: any free port)
+    metrics_addr: str = "0.0.0.0"
     extra_env: dict = field(default_factory=dict)
 
 
@@ -49,6 +53,9 @@ class RecordResult:
     exit_code: int
     ranks_with_traces: list[int]
     windows: list[str]
+    hung: bool = False  # --hang-timeout ended the job; its dumps are in run_dir/hang
+    dead_ranks: list[int] = field(default_factory=list)  # --hang-timeout: ranks killed by a signal first
+    watch: dict = field(default_factory=dict)  # --watch: watch/live.json (triggers, episodes, scores)
 
 
 def new_run_id() -> str:
@@ -70,12 +77,29 @@ def record(options: RecordOptions) -> RecordResult:
     (run_dir / "meta" / "launch.json").write_text(json.dumps(
         {"run_id": run_id, "name": options.name, "command": list(options.command), "steps": options.steps,
          "started_ns": time.time_ns(), "cwd": os.getcwd()}, indent=1))
+    watching = None
+    if options.watch is not None:  # first: a metrics port already taken fails before the job starts
+        from bprof.watch.runner import WatchThread
+
+        watching = WatchThread(run_dir, options.watch, options.metrics_port, options.metrics_addr, options.model_flops)
+        try:
+            watching.start()
+        except OSError as exc:
+            raise UsageError(f"--metrics-port {options.metrics_port}: cannot serve metrics there: {exc}") from None
     try:
         child = subprocess.Popen(list(options.command), env=env)
     except FileNotFoundError:
+        if watching is not None:
+            watching.stop()
         raise UsageError(f"cannot run {options.command[0]!r}: no such program") from None
     previous = {sig: signal.signal(sig, lambda s, _f: _forward(child, s)) for sig in _FORWARDED}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda s, _f: _trigger(run_dir, options.trigger_steps))
+    watchdog = None
+    if options.hang_timeout_s:
+        from bprof.profiler.hang_watchdog import Watchdog
+
+        watchdog = Watchdog(child, run_dir, options.hang_timeout_s)
+        watchdog.start()
     try:
         exit_code = child.wait()
     finally:
@@ -84,9 +108,18 @@ def record(options: RecordOptions) -> RecordResult:
     ranks = sorted({int(p.name[4:].split(".")[0]) for p in (run_dir / "traces").glob("iteration_*/rank*.json.gz")})
     windows = sorted(p.name for p in (run_dir / "traces").glob("iteration_*") if any(p.iterdir()))
     launch = json.loads((run_dir / "meta" / "launch.json").read_text())
+    if watchdog is not None:
+        watchdog.join(timeout=30)
+    hung = watchdog is not None and watchdog.fired
+    watched = watching.stop() if watching is not None else {}
+    dead = sorted(watchdog.died) if watchdog is not None else []
+    if hung:
+        from bprof.profiler.hang_watchdog import HANG_EXIT_CODE
+
+        exit_code = HANG_EXIT_CODE
     launch.update({"exit_code": exit_code, "ended_ns": time.time_ns()})
     (run_dir / "meta" / "launch.json").write_text(json.dumps(launch, indent=1))
-    return RecordResult(run_id, run_dir, exit_code, ranks, windows)
+    return RecordResult(run_id, run_dir, exit_code, ranks, windows, hung, dead, watched)
 
 
 def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
@@ -94,8 +127,6 @@ def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
     path = [str(INJECT_DIR), str(Path(__file__).resolve().parents[2])]  # the hook, and bprof itself
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
-    launchers = {"torch.distributed.run", "torch.distributed.launch"}
-    single = Path(options.command[0]).name.startswith("python") and not launchers & set(options.command)
     env.update({
         "PYTHONPATH": os.pathsep.join(path),
         "BPROF_RUN_DIR": str(run_dir),
@@ -107,9 +138,12 @@ def _child_env(options: RecordOptions, run_id: str, run_dir: Path) -> dict:
         "BPROF_GIT_SHA": _git("rev-parse", "HEAD"),
         "BPROF_GIT_BRANCH": _git_branch(),
     })
-    if single:  # plain `python train.py`: the one process is rank 0
-        env["BPROF_SINGLE_PROCESS"] = "1"
     env.setdefault("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
+    if options.hang_timeout_s:
+        env["BPROF_HANG_TIMEOUT_S"] = str(options.hang_timeout_s)
+    if options.watch is not None:
+        env["BPROF_WATCH"] = "1"
+        env["BPROF_WATCH_FLUSH_EVERY"] = str(options.watch.flush_every)
     env.setdefault("BPROF_PYTHON", sys.executable)  # runs the ranks' `bprof reduce`: bprof's own interpreter
     env.update(options.extra_env)
     return env

@@ -17,7 +17,7 @@ _FUNCTIONS = (("send", "dst", "group_dst"), ("isend", "dst", "group_dst"),
 
 
 class P2PLog:
-    def __init__(self, rank: int):
+    def __init__(self, rank: int | None):  # None: the default group's rank, asked at each call
         self.rank = rank
         self.counts: dict[tuple, int] = {}
         self.recording = False
@@ -62,7 +62,8 @@ class P2PLog:
         if peer is None and group_peer is not None:
             peer = dist.get_global_rank(group, group_peer)
         name = getattr(group, "group_name", None) or dist.distributed_c10d._get_process_group_name(group)
-        src, dst = (self.rank, peer) if kind == "send" else (peer, self.rank)
+        me = self.rank if self.rank is not None else dist.get_rank()
+        src, dst = (me, peer) if kind == "send" else (peer, me)
         key = (name, src, dst)
         seq = self.counts.get(key, 0) + 1
         self.counts[key] = seq

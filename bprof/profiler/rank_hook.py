@@ -8,6 +8,10 @@ optimizer step. At each window's end the rank writes:
   traces/iteration_<start>/rank<R>.json.gz   the Kineto trace (bprof metadata embedded)
   meta/iteration_<start>/rank<R>.fr.json     Flight Recorder entries of the window (group, seq)
   meta/rank<R>.json                          per-rank metadata, rewritten after every window
+An elastic launcher's restart (torchrun --max-restarts) starts the ranks again from iteration 0
+with TORCHELASTIC_RESTART_COUNT=k: attempt k>0 writes its windows as iteration_<start>.restart<k>
+beside the earlier attempts' and keeps their entries in meta/rank<R>.json, where a window an
+earlier attempt left unfinished is marked `cut_by_restart`.
   traces/iteration_<start>/rank<R>.reduced/  with --reduce: `bprof reduce` of the trace, made by a
                                              child process while training goes on
 Configuration comes from the environment the launcher sets (see launcher.py).
@@ -26,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from bprof.profiler import identity
 from bprof.profiler.windows import Window, parse_windows, triggered_window
 
 _recorder = None  # the process's Recorder, once installed
@@ -34,13 +39,12 @@ REDUCE_TIMEOUT_S = float(os.environ.get("BPROF_REDUCE_TIMEOUT_S", "600"))  # at 
 
 
 def install() -> None:
-    """Called right after the script imports torch; inert outside training ranks."""
+    """Called right after the script imports torch in every process of the job. A process without
+    RANK learns its rank, or that it is none (a launcher, a helper), at its first step (identity.py)."""
     global _recorder
     if _recorder is not None or not os.environ.get("BPROF_RUN_DIR"):
         return
-    if "RANK" not in os.environ and os.environ.get("BPROF_SINGLE_PROCESS") != "1":
-        return  # a launcher agent or helper process, not a training rank
-    _recorder = Recorder(Path(os.environ["BPROF_RUN_DIR"]))
+    _recorder = Recorder(Path(os.environ["BPROF_RUN_DIR"]), identity.from_launcher_env())
     _recorder.install()
 
 
@@ -49,14 +53,18 @@ def recorder():
 
 
 class Recorder:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, who: identity.Identity | None | str = "env"):
         self.run_dir = run_dir
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if who == "env":  # the launcher's variables, else rank 0 of 1, now (install() passes None: decide later)
+            who = identity.from_launcher_env() or identity.Identity(0, 1, 0, "single process")
+        self.who = who  # None until the first step decides (identity.resolve)
+        self.inert = False  # not a training rank: counts nothing, writes nothing
+        self.rank, self.world_size, self.local_rank = (who.rank, who.world_size, who.local_rank) if who else (0, 1, 0)
         self.windows = list(parse_windows(os.environ.get("BPROF_STEPS", "3:6")))
         self.options = json.loads(os.environ.get("BPROF_OPTIONS", "{}"))
         self.run_id = os.environ.get("BPROF_RUN_ID", "")
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)  # torchrun's restarts so far
+        self.earlier_kept = self.attempt == 0  # attempt k>0: earlier attempts' windows not yet read back
         self.host = os.environ.get("BPROF_HOSTNAME") or socket.gethostname()
         self.clock_shift_ns = int(os.environ.get("BPROF_TEST_CLOCK_SHIFT_NS", "0"))  # tests only
         self.iteration = 0
@@ -76,6 +84,8 @@ class Recorder:
         self._previous_sigterm = None
         self._stopping = False
         self._pending_signal = None
+        self.watch = None  # bprof record --watch: the WatchLog, made at the first step (it needs the rank)
+        self.trigger_reasons: dict[Window, str] = {}  # windows asked for by a trigger, and why
 
     # -- iteration detection -------------------------------------------------------------
     def install(self) -> None:
@@ -84,12 +94,53 @@ class Recorder:
         from bprof.profiler.p2p import P2PLog
 
         self.handle = register_optimizer_step_post_hook(self._on_optimizer_step)
-        self.p2p = P2PLog(self.rank)
+        self.p2p = P2PLog(self.rank if self.who else None)  # None: the process group's rank, at each call
         self.p2p.install()
+        if self.who is not None:
+            self._watch_hangs()
         atexit.register(self.close)  # metadata is written once a window starts or is declined
 
+    def _watch_hangs(self) -> None:
+        if os.environ.get("BPROF_HANG_TIMEOUT_S"):  # bprof record --hang-timeout: heartbeat, dumps on request
+            from bprof.profiler import hang_watch
+
+            hang_watch.install(self.run_dir, self.rank)
+
+    def _decide_identity(self) -> bool:
+        """At the first step of a process that had no RANK at import: whether it is a rank to record."""
+        who = identity.resolve(self.run_dir)
+        if who is None:
+            self.inert = True
+            return False  # the hook stays (torch is iterating its hooks now): one flag test a step
+        self.who = who
+        self.rank, self.world_size, self.local_rank = who.rank, who.world_size, who.local_rank
+        if who.source != "RANK":
+            self.notes.append(f"rank {who.rank} of {who.world_size} from {who.source} (no RANK at import torch)")
+        if self.explicit_steps:  # bprof.step(): outside torch's hooks
+            self._watch_hangs()
+        else:
+            self._watch_hangs_at_next_step()
+        return True
+
+    def _watch_hangs_at_next_step(self) -> None:
+        """hang_watch registers an optimizer post-hook, which torch forbids while it runs them (as
+        now: this step's post-hook decided the rank), so it starts from a pre-hook of the next step;
+        the pre-hook then stays, one flag test a step (removing it there is forbidden too)."""
+        if not os.environ.get("BPROF_HANG_TIMEOUT_S"):
+            return
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        started = []
+
+        def start(optimizer, args, kwargs):
+            if not started:
+                started.append(True)
+                self._watch_hangs()
+
+        register_optimizer_step_pre_hook(start)
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        if self.explicit_steps:
+        if self.explicit_steps or self.inert:
             return
         key = id(optimizer)
         self.counts[key] = self.counts.get(key, 0) + 1
@@ -103,11 +154,17 @@ class Recorder:
 
     def boundary(self, iteration: int) -> None:
         """Iteration `iteration` (0-based) is about to start."""
+        if self.inert or (self.who is None and not self._decide_identity()):
+            return
         self.iteration = iteration
+        if os.environ.get("BPROF_WATCH"):
+            self._watch_boundary(iteration)
         self._check_trigger()
+        stopped = False
         if self.prof is not None:
             if iteration >= self.window.end:
                 self._stop()
+                stopped = True
             else:
                 self.prof.step()
                 return
@@ -118,7 +175,18 @@ class Recorder:
             if window.start < iteration:  # e.g. 0:3, since the first boundary bprof sees is iteration 1
                 self.notes.append(f"window {window} started late, at iteration {iteration}")
                 window = Window(iteration, window.end)
+            if stopped and _start_when_optimizer_step_returns(lambda: self._start(window)):
+                return
             self._start(window)
+
+    def _watch_boundary(self, iteration: int) -> None:
+        if self.watch is None:
+            from bprof.profiler.watch_rank import WatchLog
+
+            self.watch = WatchLog(self.run_dir, self.rank, self.host, self.attempt, self.clock_shift_ns)
+            self.watch.install()
+        self.watch.model_flops_per_step = (self.model or _declared_model_flops(self.options)).get("model_flops_per_step")
+        self.watch.boundary(iteration, windowed=self.prof is not None)
 
     def _check_trigger(self) -> None:
         trigger = self.run_dir / "trigger"
@@ -130,12 +198,18 @@ class Recorder:
             return
         self.trigger_mtime = mtime
         try:
-            num_steps = int(trigger.read_text().strip() or "3")
-        except (OSError, ValueError):
-            num_steps = 3
-        window = triggered_window(self.iteration, num_steps)
-        if all(w.end <= window.start or w.start >= window.end for w in self.windows):
+            text = trigger.read_text().strip() or "3"
+        except OSError:
+            text = "3"
+        window, reason = _asked_window(text, self.iteration)
+        if window.end <= self.iteration:
+            self.notes.append(f"triggered window {window} was already past when rank {self.rank} saw it")
+            return
+        if all(w.end <= window.start or w.start >= window.end for w in self.windows) and not (
+                self.prof is not None and window.start < self.window.end):
             self.windows = sorted([*self.windows, window])
+            if reason:
+                self.trigger_reasons[window] = reason
 
     # -- windows ---------------------------------------------------------------------------
     def _start(self, window: Window) -> None:
@@ -208,13 +282,18 @@ class Recorder:
         self.captured.append({"window": str(window), "trace": str(trace.relative_to(self.run_dir)),
                               "t0_ns": self.window_t0_ns + self.clock_shift_ns,
                               "t1_ns": t1_ns + self.clock_shift_ns, "partial": partial,
-                              "flight_recorder_entries": num_fr})
+                              "flight_recorder_entries": num_fr, "attempt": self.attempt}
+                             | ({"cut_at_iteration": self.iteration} if partial else {})
+                             | ({"trigger": self.trigger_reasons[window]} if window in self.trigger_reasons else {}))
         self._write_meta()
         if self.options.get("reduce") and not partial:  # a dying rank has no time to wait for it
             self._start_reduce(trace)
 
     def close(self) -> None:
-        """At exit: a window still open is written as a partial window; --reduce children are waited for."""
+        """At exit: a window still open is written as a partial window; --reduce children are waited for;
+        --watch's last rows are flushed."""
+        if self.watch is not None:
+            self.watch.flush()
         if self.prof is not None:
             self.notes.append(f"window {self.window} ended early (the script stopped at iteration {self.iteration})")
             self._stop(partial=True)
@@ -334,9 +413,28 @@ class Recorder:
 
     def _trace_meta(self) -> dict:
         return {"run_id": self.run_id, "rank": self.rank, "local_rank": self.local_rank,
-                "world_size": self.world_size, "host": self.host}
+                "world_size": self.world_size, "host": self.host, "attempt": self.attempt}
+
+    def _keep_earlier_attempts(self) -> None:
+        """A restarted rank (attempt k>0) keeps what the earlier attempts of its rank captured; a
+        window one of them left unfinished was cut by the restart that started this attempt."""
+        self.earlier_kept = True
+        try:
+            earlier = json.loads((self.run_dir / "meta" / f"rank{self.rank}.json").read_text())
+        except (OSError, ValueError):
+            earlier = {}
+        captured = [w for w in earlier.get("windows_captured") or [] if w.get("attempt", 0) < self.attempt]
+        for w in captured:
+            if w.get("partial") and "cut_by_restart" not in w:
+                w["cut_by_restart"] = self.attempt
+                self.notes.append(f"window {w['window']} of attempt {w.get('attempt', 0)} was cut at iteration "
+                                  f"{w.get('cut_at_iteration', '?')} by the launcher's restart {self.attempt}")
+        self.captured[:0] = captured
+        self.notes[:0] = [n for n in earlier.get("notes") or [] if n not in self.notes]
 
     def _write_meta(self) -> None:
+        if not self.earlier_kept:
+            self._keep_earlier_attempts()
         meta = self._trace_meta() | {
             "pid": os.getpid(),
             "command": json.loads(os.environ.get("BPROF_COMMAND", "null")),
@@ -355,9 +453,53 @@ class Recorder:
         tmp.replace(path)
 
     def _path(self, kind: str, window: Window, suffix: str) -> Path:
-        path = self.run_dir / kind / f"iteration_{window.start}" / f"rank{self.rank}.{suffix}"
+        folder = f"iteration_{window.start}" + (f".restart{self.attempt}" if self.attempt else "")
+        path = self.run_dir / kind / folder / f"rank{self.rank}.{suffix}"
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
+
+
+def _asked_window(text: str, seen_at: int) -> tuple[Window, str | None]:
+    """The trigger file's window: a step count (SIGUSR1: the next aligned iteration) or, from
+    --watch, JSON naming the start iteration, the step count and the reason."""
+    try:
+        asked = json.loads(text)
+    except ValueError:
+        asked = 3
+    if isinstance(asked, dict):
+        steps = int(asked.get("steps") or 3)
+        start = int(asked.get("start") or triggered_window(seen_at, steps).start)
+        return Window(start, start + steps), asked.get("reason")
+    return triggered_window(seen_at, int(asked) if isinstance(asked, int) and asked > 0 else 3), None
+
+
+def _start_when_optimizer_step_returns(start) -> bool:
+    """Call `start()` once the optimizer step whose hook runs now has returned; False (nothing done)
+    when no optimizer step is on the stack (an explicit bprof.step()).
+
+    Why: the step hooks run inside the `Optimizer.step#...` range of torch's wrapper. Two adjacent
+    windows (2:4,4:6) stopped one profiler session and started the next inside it, so the range begun
+    under the first ended under the second, and the process died in the garbage collector at the
+    second window's end (a segfault in 3 of 3 runs of a 2-rank DDP toy; windows with an iteration
+    between them never crashed). Python's profile hook sees the wrapper's frame return, after the
+    range closed; it is the previous profile function's again right after."""
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "wrapper"
+                                     and frame.f_code.co_filename.replace(os.sep, "/").endswith("torch/optim/optimizer.py")):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    step_frame, previous = frame, sys.getprofile()
+
+    def on_event(f, event, arg):
+        if previous is not None:
+            previous(f, event, arg)
+        if f is step_frame and event == "return":
+            sys.setprofile(previous)
+            start()
+
+    sys.setprofile(on_event)
+    return True
 
 
 def _export_gzip(prof, trace: Path, rank: int) -> None:

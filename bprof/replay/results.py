@@ -112,6 +112,24 @@ def sign_test_p(k: int, n: int) -> float:
     return float(scipy.stats.binomtest(k, n, 0.5).pvalue)
 
 
+def pairs_to_decide() -> int:
+    """The fewest repeat pairs with which the sign test can decide at all (every pair one way at
+    SIGN_ALPHA): 6 at 5 %. With fewer, 'no better than noise' says nothing about the variant."""
+    n = 1
+    while sign_test_p(n, n) > SIGN_ALPHA:
+        n += 1
+    return n
+
+
+def verdict_text(verdict: str | None, num_repeats: int) -> str | None:
+    """The verdict as a reader should take it: from fewer pairs than the sign test needs, it says
+    that nothing was decided and how many repeats would decide, instead of 'no better than noise'."""
+    need = pairs_to_decide()
+    if verdict == NOISE and num_repeats < need:
+        return f"{num_repeats} pairs: too few to decide, {need} needed; rerun with --repeats {need}"
+    return verdict
+
+
 def classify(traced_ns: list[int], replayed_ns: list[int]) -> str:
     """Whether the traced time is the op's own (slow in isolation) or the context's."""
     traced, replayed = statistics.median(traced_ns), statistics.median(replayed_ns)
@@ -156,7 +174,7 @@ def _write_finding(con, run_id: int, base: ReplayResult, variants: list[ReplayRe
                 [run_id, base.item_key])
     per_step = base.calls_per_step or 1.0
     faster = sorted((v for v in variants if v.verdict == FASTER), key=lambda v: v.replayed_ns)
-    checked = ", ".join(f"{v.variant} {v.verdict} ({v.speedup:.2f}x)" for v in variants if v.verdict)
+    checked = ", ".join(f"{v.variant} {verdict_text(v.verdict, v.num_repeats)} ({v.speedup:.2f}x)" for v in variants if v.verdict)
     times = f"replayed {_ms(base.replayed_ns)} vs traced {_ms(base.traced_ns)}"
     if base.classification == IN_CONTEXT:
         lost = int((base.traced_ns - base.replayed_ns) * per_step)
@@ -169,7 +187,9 @@ def _write_finding(con, run_id: int, base: ReplayResult, variants: list[ReplayRe
         title = f"{base.item}: {base.classification} ({times})" + (f"; {best.variant} verified {best.speedup:.2f}x faster" if best else "")
         detail = ((f"Apply the {best.variant} fix; replay measured it faster beyond the spread of the repeats.\n"
                    f"Counterfactual: its {per_step:g} calls per step at the {best.variant} variant's replayed time.") if best else
-                  "No variant replay checked was faster beyond noise; no gain is claimed.")
+                  ("No variant replay checked was faster beyond noise; no gain is claimed." if all(
+                      v.num_repeats >= pairs_to_decide() for v in variants if v.verdict) else
+                   "Too few repeats to decide whether a variant is faster; no gain is claimed."))
     if checked:
         detail += f" Variants: {checked}."
     evidence = {"advice": detail.splitlines()[0], "ranks": [base.rank], "item_key": base.item_key, "item": base.item,

@@ -13,7 +13,7 @@ import duckdb
 
 from bprof.errors import DataError, UsageError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 11
 DEFAULT_DB = Path("bprof.duckdb")
 
 # version N -> SQL that turns a version-N store into version N+1. Each step repeats what schema.sql
@@ -381,6 +381,239 @@ COMMENT ON COLUMN replays.variant IS 'baseline (as recorded), or the fix tried: 
     7: """
 COMMENT ON COLUMN collectives.peer_rank IS 'Global rank of the other side of a send or recv, when known (the trace''s Dst Rank of a send or Src Rank of a recv, or bprof record); NULL for collectives.';
 COMMENT ON COLUMN collectives.seq IS 'Per-process-group sequence number of a collective (trace Seq, or the Flight Recorder under bprof record); for send/recv the Seq torch writes, which is the group''s collective counter + 1 (the same for every message until the next collective), or under bprof record the message number of its (group, sender, receiver) pair.';
+""",
+    # 8 -> 9: the step on the device (the device work each step launched, and how far the device lags
+    # the CPU range) beside the CPU range, and the host span and lag of reduced ranks' spans; runs
+    # ingested before keep NULL there, so their steps stay the CPU ranges (re-ingest to measure them
+    # on the device)
+    8: """
+ALTER TABLE steps ADD COLUMN IF NOT EXISTS device_ts_ns BIGINT;
+ALTER TABLE steps ADD COLUMN IF NOT EXISTS device_dur_ns BIGINT;
+ALTER TABLE steps ADD COLUMN IF NOT EXISTS device_lag_ns BIGINT;
+ALTER TABLE reduced_spans ADD COLUMN IF NOT EXISTS host_ts_ns BIGINT;
+ALTER TABLE reduced_spans ADD COLUMN IF NOT EXISTS host_dur_ns BIGINT;
+ALTER TABLE reduced_spans ADD COLUMN IF NOT EXISTS device_lag_ns BIGINT;
+COMMENT ON TABLE steps IS 'Profiler steps (ProfilerStep#N ranges on the CPU) per rank, and where the rank has device events the step on the device: the device work the step launched.';
+COMMENT ON COLUMN steps.device_ts_ns IS 'Start of the step on the device, own clock: the end of the previous step''s device work when the previous step (N-1) launched any (the device was busy with it, or idle waiting for this step''s launches), else (the first step) where the device was last busy before the step''s first device work, but not before the CPU range began (a device idle since then was waiting for the step), or with no device activity recorded before it (unknown before the window) at the CPU range start when the step''s first device work started before its second launch (the device was free), else at that first device work; NULL when the step launched no device work (CPU traces).';
+COMMENT ON COLUMN steps.device_dur_ns IS 'From device_ts_ns to the end of the last device work the step launched (the latest end over this and earlier steps: the device steps tile its timeline); the step time where it exists.';
+COMMENT ON COLUMN steps.device_lag_ns IS 'How long after the CPU step''s end (ts_ns + dur_ns) the device finished the step''s work: the queue the host ran ahead by; negative when the device was done before the CPU range ended. NULL with device_ts_ns.';
+COMMENT ON COLUMN reduced_spans.host_ts_ns IS 'Start of the step on the host (timeline_spans.host_ts_ns).';
+COMMENT ON COLUMN reduced_spans.host_dur_ns IS 'Length of the step on the host (timeline_spans.host_dur_ns).';
+COMMENT ON COLUMN reduced_spans.device_lag_ns IS 'Device lag behind the CPU step (timeline_spans.device_lag_ns).';
+""",
+    # 9 -> 10: the hang verdicts of bprof hang --db and bprof record --hang-timeout (IF NOT EXISTS: a
+    # store fabricated as an older version from a new one already has them)
+    9: """
+CREATE SEQUENCE IF NOT EXISTS hang_id_seq START 1;
+
+CREATE TABLE IF NOT EXISTS hangs (
+    hang_id INTEGER PRIMARY KEY DEFAULT nextval('hang_id_seq'),
+    run_id INTEGER NOT NULL,
+    analysed_at TIMESTAMPTZ NOT NULL,
+    source_path VARCHAR NOT NULL,
+    fingerprint VARCHAR NOT NULL,
+    verdict VARCHAR NOT NULL,
+    world_size INTEGER NOT NULL,
+    num_dumps INTEGER NOT NULL,
+    num_stuck_groups INTEGER NOT NULL,
+    culprit_ranks INTEGER[] NOT NULL,
+    culprits JSON NOT NULL,
+    dead_ranks INTEGER[] NOT NULL,
+    late_ranks INTEGER[],
+    notes VARCHAR[] NOT NULL,
+    detail JSON NOT NULL,
+    UNIQUE (run_id, fingerprint)
+);
+COMMENT ON TABLE hangs IS 'Hang verdicts (bprof hang --db, bprof record --hang-timeout): one row per verdict on a stuck or dead job''s Flight Recorder dumps. A verdict attaches to the run of the same bprof record when one was ingested (its latest window), else to a run row of the hang alone (runs.num_ranks_ingested 0); the same dumps stored again for the same run replace the row.';
+COMMENT ON COLUMN hangs.hang_id IS 'Store-wide hang identifier.';
+COMMENT ON COLUMN hangs.run_id IS 'Run the verdict attaches to (runs.run_id).';
+COMMENT ON COLUMN hangs.analysed_at IS 'When the verdict was stored.';
+COMMENT ON COLUMN hangs.source_path IS 'The path(s) the dumps were read from (absolute), joined by ";".';
+COMMENT ON COLUMN hangs.fingerprint IS 'sha256 over the sorted sha256s of the dump files and hang/ranks.json: the same dumps make the same fingerprint.';
+COMMENT ON COLUMN hangs.verdict IS 'The verdict sentence bprof hang prints: the culprits and why the others wait, and (with a window captured before) which ranks were already late in it.';
+COMMENT ON COLUMN hangs.world_size IS 'Ranks of the job the verdict judged (from the dumps, their groups, --world-size or bprof record).';
+COMMENT ON COLUMN hangs.num_dumps IS 'Ranks with a usable dump (the others are missing, empty or unreadable: no_dump).';
+COMMENT ON COLUMN hangs.num_stuck_groups IS 'Process groups the verdict found stuck.';
+COMMENT ON COLUMN hangs.culprit_ranks IS 'The culprit ranks, most telling first (the order of culprits).';
+COMMENT ON COLUMN hangs.culprits IS 'JSON list, one object per culprit: rank, reason (dead, mismatch, not_joined, behind, no_dump), process_group, last_seq (its last collective sequence number in that group), last_collective (described: op, seq, group, sizes, state), stack (top frames of its training thread, innermost first), groups (the stuck groups it explains), late_before (true/false: the straggler analysis of the window captured before flagged it; null without one).';
+COMMENT ON COLUMN hangs.dead_ranks IS 'Ranks the launcher saw killed by a signal (bprof record --hang-timeout); empty otherwise.';
+COMMENT ON COLUMN hangs.late_ranks IS 'Ranks the straggler analysis of the attached run (a step window captured before the hang) found late: stragglers_ranks flagged or measurably_slower; NULL when there is no such window or it has no straggler analysis.';
+COMMENT ON COLUMN hangs.notes IS 'What the verdict could not read (missing, empty, unreadable dumps; ranks that did not answer).';
+COMMENT ON COLUMN hangs.detail IS 'The whole verdict as bprof hang --json prints it (groups, members, mismatches, before).';
+""",
+    # 10 -> 11: the watch series of bprof record --watch (bprof.store.ingest_watch)
+    10: """
+CREATE SEQUENCE IF NOT EXISTS watch_recording_id_seq START 1;
+
+CREATE TABLE IF NOT EXISTS watch_recordings (
+    recording_id INTEGER PRIMARY KEY DEFAULT nextval('watch_recording_id_seq'),
+    name VARCHAR NOT NULL UNIQUE,
+    source_path VARCHAR NOT NULL,
+    fingerprint VARCHAR NOT NULL UNIQUE,
+    ingested_at TIMESTAMPTZ NOT NULL,
+    record_id VARCHAR,
+    command VARCHAR,
+    started_at TIMESTAMPTZ,
+    num_ranks INTEGER NOT NULL,
+    num_iterations INTEGER NOT NULL,
+    newest_complete_iteration INTEGER,
+    options JSON
+);
+COMMENT ON TABLE watch_recordings IS 'One row per bprof record --watch run directory ingested: the watch series spans the whole recording, while each captured trace window is a run of its own (watch_windows). A watched job that opened no window is a recording with no run.';
+COMMENT ON COLUMN watch_recordings.recording_id IS 'Store-wide recording identifier.';
+COMMENT ON COLUMN watch_recordings.name IS 'Unique name among recordings and runs: watch-<the run directory''s name>, made unique with -2, -3, ...; bprof analyze and bprof export accept it as their RUN.';
+COMMENT ON COLUMN watch_recordings.source_path IS 'The run directory as ingested (absolute).';
+COMMENT ON COLUMN watch_recordings.fingerprint IS 'sha256 over the sorted "path:sha256" of every watch file (steps and groups Parquet, live.json): ingesting the same files again changes nothing.';
+COMMENT ON COLUMN watch_recordings.ingested_at IS 'When it was ingested.';
+COMMENT ON COLUMN watch_recordings.record_id IS 'bprof record''s run id (meta/launch.json run_id; runs.metadata $.bprof.run_id of its windows); NULL without launch.json.';
+COMMENT ON COLUMN watch_recordings.command IS 'The recorded command (meta/launch.json), joined by spaces.';
+COMMENT ON COLUMN watch_recordings.started_at IS 'When bprof record started the command (meta/launch.json started_ns).';
+COMMENT ON COLUMN watch_recordings.num_ranks IS 'Ranks with watch rows.';
+COMMENT ON COLUMN watch_recordings.num_iterations IS 'Distinct iterations with a row on any rank.';
+COMMENT ON COLUMN watch_recordings.newest_complete_iteration IS 'Newest iteration every rank had reported when the live analysis stopped (live.json); NULL without live.json.';
+COMMENT ON COLUMN watch_recordings.options IS 'The live analysis''s options (bprof.watch.live.WatchOptions, live.json options): score window, limits, rules.';
+
+CREATE TABLE IF NOT EXISTS watch_steps (
+    recording_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    host VARCHAR,
+    start_ns BIGINT NOT NULL,
+    end_ns BIGINT NOT NULL,
+    step_ns BIGINT NOT NULL,
+    busy_ns BIGINT NOT NULL,
+    data_wait_ns BIGINT NOT NULL,
+    data_idle_ns BIGINT NOT NULL,
+    gc_ns BIGINT NOT NULL,
+    blocked_ns BIGINT NOT NULL,
+    windowed BOOLEAN NOT NULL,
+    PRIMARY KEY (recording_id, rank, attempt, iteration)
+);
+COMMENT ON TABLE watch_steps IS 'One row per rank, launcher attempt and iteration of a watched recording: the steps Parquet files of watch/rank<R>[.restart<K>]/ as the ranks wrote them (bprof.watch.files).';
+COMMENT ON COLUMN watch_steps.recording_id IS 'Recording (watch_recordings.recording_id).';
+COMMENT ON COLUMN watch_steps.rank IS 'Global rank.';
+COMMENT ON COLUMN watch_steps.attempt IS 'The launcher''s attempt (torchrun restart; 0 for the first): folder rank<R>.restart<K>.';
+COMMENT ON COLUMN watch_steps.iteration IS 'Iteration as bprof counts them (0-based; the one that ended at end_ns).';
+COMMENT ON COLUMN watch_steps.host IS 'Host of the rank (the files'' bprof_watch metadata).';
+COMMENT ON COLUMN watch_steps.start_ns IS 'Wall clock (the rank''s time.time_ns, shifted by its clock sample) when the iteration started.';
+COMMENT ON COLUMN watch_steps.end_ns IS 'Wall clock when it ended (the next optimizer step''s hook).';
+COMMENT ON COLUMN watch_steps.step_ns IS 'end_ns - start_ns: the rank''s step time.';
+COMMENT ON COLUMN watch_steps.busy_ns IS 'CPU time of the training thread in the iteration: compute and Python on a CPU rank, no wait for peers.';
+COMMENT ON COLUMN watch_steps.data_wait_ns IS 'Wall time in DataLoader iterators'' __next__.';
+COMMENT ON COLUMN watch_steps.data_idle_ns IS 'The part of data_wait_ns the training thread slept (waiting for loader workers); busy_ns + data_idle_ns is the rank''s own time the live score compares.';
+COMMENT ON COLUMN watch_steps.gc_ns IS 'Python garbage-collector pauses.';
+COMMENT ON COLUMN watch_steps.blocked_ns IS 'Time in collectives called from Python (synchronous calls, async Work.wait()); DDP''s reducer waits in C++ and is not in it.';
+COMMENT ON COLUMN watch_steps.windowed IS 'A trace window was open in the iteration (its profiler''s cost is in the row).';
+
+CREATE TABLE IF NOT EXISTS watch_groups (
+    recording_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    iteration INTEGER NOT NULL,
+    pg_name VARCHAR NOT NULL,
+    pg_desc VARCHAR NOT NULL,
+    blocked_ns BIGINT NOT NULL,
+    num_calls BIGINT NOT NULL,
+    PRIMARY KEY (recording_id, rank, attempt, iteration, pg_name, pg_desc)
+);
+COMMENT ON TABLE watch_groups IS 'Blocked collective time per rank, attempt, iteration and process group (the groups Parquet files); only groups with calls in the iteration have a row.';
+COMMENT ON COLUMN watch_groups.recording_id IS 'Recording (watch_recordings.recording_id).';
+COMMENT ON COLUMN watch_groups.rank IS 'Global rank.';
+COMMENT ON COLUMN watch_groups.attempt IS 'The launcher''s attempt (watch_steps.attempt).';
+COMMENT ON COLUMN watch_groups.iteration IS 'Iteration (watch_steps.iteration).';
+COMMENT ON COLUMN watch_groups.pg_name IS 'Process group name; "async" collects the waits of async work, whose group the Work does not say.';
+COMMENT ON COLUMN watch_groups.pg_desc IS 'Process group description ("Work.wait" for the async waits).';
+COMMENT ON COLUMN watch_groups.blocked_ns IS 'Time in the group''s collectives called from Python in the iteration.';
+COMMENT ON COLUMN watch_groups.num_calls IS 'Number of those calls (the files'' calls column).';
+
+CREATE TABLE IF NOT EXISTS watch_windows (
+    recording_id INTEGER NOT NULL,
+    run_id INTEGER NOT NULL,
+    window_range VARCHAR NOT NULL,
+    start_iteration INTEGER NOT NULL,
+    end_iteration INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    trigger_reason VARCHAR,
+    PRIMARY KEY (recording_id, run_id)
+);
+COMMENT ON TABLE watch_windows IS 'The trace windows of a watched recording that were ingested as runs: one row per window run, chosen in advance (--steps) or opened by the watch (trigger).';
+COMMENT ON COLUMN watch_windows.recording_id IS 'Recording (watch_recordings.recording_id).';
+COMMENT ON COLUMN watch_windows.run_id IS 'The window''s run (runs.run_id).';
+COMMENT ON COLUMN watch_windows.window_range IS 'The window as bprof record names it, half-open: start:end (runs.metadata $.window.window).';
+COMMENT ON COLUMN watch_windows.start_iteration IS 'First iteration of the window.';
+COMMENT ON COLUMN watch_windows.end_iteration IS 'First iteration after it.';
+COMMENT ON COLUMN watch_windows.attempt IS 'The launcher''s attempt that captured it.';
+COMMENT ON COLUMN watch_windows.trigger_reason IS 'Why the watch opened it (meta/rank<R>.json windows_captured trigger, the reason of watch_triggers); NULL for a window chosen in advance.';
+
+CREATE TABLE IF NOT EXISTS watch_triggers (
+    recording_id INTEGER NOT NULL,
+    trigger_index INTEGER NOT NULL,
+    seen_at_iteration INTEGER NOT NULL,
+    start_iteration INTEGER NOT NULL,
+    num_steps INTEGER NOT NULL,
+    rule VARCHAR NOT NULL,
+    rank INTEGER,
+    reason VARCHAR NOT NULL,
+    time_ns BIGINT NOT NULL,
+    run_id INTEGER,
+    PRIMARY KEY (recording_id, trigger_index)
+);
+COMMENT ON TABLE watch_triggers IS 'Trace windows the live analysis asked for (live.json triggers), in order, and the run each one produced.';
+COMMENT ON COLUMN watch_triggers.recording_id IS 'Recording (watch_recordings.recording_id).';
+COMMENT ON COLUMN watch_triggers.trigger_index IS 'Position in live.json''s triggers (0-based).';
+COMMENT ON COLUMN watch_triggers.seen_at_iteration IS 'Newest iteration every rank had reported when the rule fired.';
+COMMENT ON COLUMN watch_triggers.start_iteration IS 'First iteration of the window it asked for.';
+COMMENT ON COLUMN watch_triggers.num_steps IS 'Iterations the window was to capture.';
+COMMENT ON COLUMN watch_triggers.rule IS 'rank (a rank''s score stayed above the limit) or step (the job''s step above the factor x its rolling median).';
+COMMENT ON COLUMN watch_triggers.rank IS 'The rank the rank rule named; NULL for the step rule.';
+COMMENT ON COLUMN watch_triggers.reason IS 'The reason sentence the live analysis printed and the ranks recorded with the window.';
+COMMENT ON COLUMN watch_triggers.time_ns IS 'Wall clock of the record process when it fired (time.time_ns).';
+COMMENT ON COLUMN watch_triggers.run_id IS 'The run of the window it produced (watch_windows.run_id, same start iteration); NULL when that window was not captured or not ingested.';
+
+CREATE TABLE IF NOT EXISTS watch_episodes (
+    recording_id INTEGER NOT NULL,
+    episode_index INTEGER NOT NULL,
+    rule VARCHAR NOT NULL,
+    rank INTEGER,
+    first_iteration INTEGER NOT NULL,
+    last_iteration INTEGER NOT NULL,
+    worst_score DOUBLE NOT NULL,
+    triggered BOOLEAN NOT NULL,
+    PRIMARY KEY (recording_id, episode_index)
+);
+COMMENT ON TABLE watch_episodes IS 'When it went wrong: each stretch of iterations a rule held (a rank slow, or the job''s step slow), from live.json episodes.';
+COMMENT ON COLUMN watch_episodes.recording_id IS 'Recording (watch_recordings.recording_id).';
+COMMENT ON COLUMN watch_episodes.episode_index IS 'Position in live.json''s episodes (0-based, in the order they began).';
+COMMENT ON COLUMN watch_episodes.rule IS 'rank or step (watch_triggers.rule).';
+COMMENT ON COLUMN watch_episodes.rank IS 'The slow rank (rank rule); NULL for the step rule.';
+COMMENT ON COLUMN watch_episodes.first_iteration IS 'First iteration of the stretch the rule held over.';
+COMMENT ON COLUMN watch_episodes.last_iteration IS 'Last iteration it held (the episode ends once it has not held for the score window).';
+COMMENT ON COLUMN watch_episodes.worst_score IS 'Highest score over the episode: the rank''s own time over its peers'' (rank rule), or the job''s step over its rolling median (step rule).';
+COMMENT ON COLUMN watch_episodes.triggered IS 'The episode opened a trace window.';
+
+CREATE TABLE IF NOT EXISTS watch_scores (
+    recording_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    host VARCHAR,
+    iteration INTEGER NOT NULL,
+    own_ns BIGINT NOT NULL,
+    peers_own_ns BIGINT NOT NULL,
+    excess_ns BIGINT NOT NULL,
+    score DOUBLE NOT NULL,
+    num_slow_iterations INTEGER NOT NULL,
+    PRIMARY KEY (recording_id, rank)
+);
+COMMENT ON TABLE watch_scores IS 'Each rank''s last live straggler score (live.json scores): the median over its last score-window iterations.';
+COMMENT ON COLUMN watch_scores.recording_id IS 'Recording (watch_recordings.recording_id).';
+COMMENT ON COLUMN watch_scores.rank IS 'Global rank.';
+COMMENT ON COLUMN watch_scores.host IS 'Its host.';
+COMMENT ON COLUMN watch_scores.iteration IS 'Newest iteration the score includes.';
+COMMENT ON COLUMN watch_scores.own_ns IS 'Median own time (busy_ns + data_idle_ns) over the score''s iterations, rounded to the nanosecond.';
+COMMENT ON COLUMN watch_scores.peers_own_ns IS 'Median over the same iterations of the other ranks'' median own time.';
+COMMENT ON COLUMN watch_scores.excess_ns IS 'Median of own minus peers'' own time (negative: faster than its peers).';
+COMMENT ON COLUMN watch_scores.score IS 'Median of own over peers'' own time: the straggler score (bprof_straggler_score).';
+COMMENT ON COLUMN watch_scores.num_slow_iterations IS 'Consecutive iterations, up to the newest, the rank met the rank rule (live.json slow_run).';
 """,
 }
 

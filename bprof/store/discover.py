@@ -18,7 +18,8 @@ from bprof.errors import DataError, UsageError
 from bprof.store.reduce import SUFFIX, is_reduced_dir, reduced_dirs
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-_ITERATION_DIR = re.compile(r"iteration_\d+$")
+# bprof record writes a restarted job's windows (torchrun --max-restarts) as iteration_<N>.restart<k>
+_ITERATION_DIR = re.compile(r"iteration_(\d+)(?:\.restart(\d+))?$")
 _NOT_TRACES = {"truth.json"}
 _IN_REDUCED = re.compile(re.escape(SUFFIX) + r"($|\.tmp)")  # rank<R>.reduced, or one being written
 
@@ -67,7 +68,7 @@ def discover(paths: list[Path], prefer_reduced: bool = False) -> list[RunFiles]:
         recorded = (path / "traces").is_dir() and (path / "meta").is_dir()
         base = path / "traces" if recorded else path
         iterations = sorted((d for d in base.iterdir() if d.is_dir() and _ITERATION_DIR.match(d.name)),
-                            key=lambda d: int(d.name.split("_")[1]))
+                            key=lambda d: _window_order(d.name))
         if recorded:
             for d in iterations:
                 files, found = _pick(d, prefer_reduced)
@@ -95,7 +96,7 @@ def discover(paths: list[Path], prefer_reduced: bool = False) -> list[RunFiles]:
         loose.extend(files)
     first = Path(paths[0])
     for windows, is_reduced in ((recorded_windows, False), (reduced_windows, True)):
-        for window, files in sorted(windows.items(), key=lambda item: int(item[0].split("_")[1])):
+        for window, files in sorted(windows.items(), key=lambda item: _window_order(item[0])):
             name = _dir_name(first) if len(windows) == 1 else f"{_dir_name(first)}-{window}"
             runs.append(RunFiles(name, tuple(sorted(files)), reduced=is_reduced))
     if loose and reduced:
@@ -145,6 +146,12 @@ def _pick(directory: Path, prefer_reduced: bool) -> tuple[tuple[Path, ...], tupl
         return files, ()
     found = reduced_dirs(directory)
     return ((), found) if found else (files, ())
+
+
+def _window_order(name: str) -> tuple[int, int]:
+    """iteration_<N>[.restart<k>] -> (N, k): windows in order, each window's attempts in order."""
+    start, attempt = _ITERATION_DIR.match(name).groups()
+    return int(start), int(attempt or 0)
 
 
 def _trace_files(directory: Path) -> tuple[Path, ...]:

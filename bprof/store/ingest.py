@@ -143,7 +143,8 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     load_exec_traces(con, run_id, seen_ranks)
     for rank, meta in recorded.items():
         metas[rank] = {**metas[rank], "bprof_record": meta}
-    result.warnings = skipped + _finish_run(con, run_id, metas)
+    window, window_warnings = recorded_window(seen_ranks, recorded)
+    result.warnings = skipped + window_warnings + _finish_run(con, run_id, metas, window)
     _label_run(con, run_id, options)
     result.num_ranks = len(seen_ranks)
     result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
@@ -287,6 +288,30 @@ def _load_recorded_meta(con, run_id: int, ranks: dict[int, Path]) -> dict[int, d
     return metas
 
 
+def recorded_window(traces: dict[int, Path], recorded: dict[int, dict]) -> tuple[dict | None, list[str]]:
+    """A `bprof record` window as its ranks' metadata tell it (runs.metadata.window): the window,
+    the launcher's attempt that wrote it (torchrun restarts), the ranks whose window was cut before
+    its end (partial) and at which iteration, and the restart that cut it; with a warning when cut."""
+    entries = {}
+    for rank, meta in recorded.items():
+        relative = traces[rank].relative_to(traces[rank].parents[2]).as_posix()  # traces/iteration_N/rankR.json.gz
+        entries.update({rank: w for w in meta.get("windows_captured") or [] if w.get("trace") == relative})
+    if not entries:
+        return None, []
+    first = entries[min(entries)]
+    cut = {r: w.get("cut_at_iteration") for r, w in sorted(entries.items()) if w.get("partial")}
+    restarts = sorted({w["cut_by_restart"] for w in entries.values() if w.get("cut_by_restart") is not None})
+    window = {"window": first.get("window"), "attempt": first.get("attempt", 0), "cut_ranks": sorted(cut),
+              "cut_at_iteration": {str(r): i for r, i in cut.items()}, "cut_by_restart": restarts[0] if restarts else None}
+    if not cut:
+        return window, []
+    where = ", ".join(f"rank {r} at iteration {i}" for r, i in cut.items())
+    why = (f"cut by the launcher's restart {restarts[0]} (its windows are runs of their own)" if restarts
+           else "ended before its last step (the job stopped)")
+    return window, [f"window {window['window']} of attempt {window['attempt']} was {why}: {where}; "
+                    "the step running then is incomplete"]
+
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -294,10 +319,13 @@ def _read_json(path: Path) -> dict:
         raise DataError(f"{path}: unreadable bprof metadata ({exc})") from None
 
 
-def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
+def _finish_run(con, run_id: int, metas: dict[int, dict], window: dict | None = None) -> list[str]:
     """Fill the run row from its ranks and flag files that cannot belong to one job window."""
     dists = {r: m.get("distributedInfo") or {} for r, m in metas.items()}
     world_sizes = {d.get("world_size") for d in dists.values() if d.get("world_size") is not None}
+    if not world_sizes:  # no process group (a world of 1): what bprof record decided, if it recorded
+        world_sizes = {m["bprof"].get("world_size") for m in metas.values()
+                       if isinstance(m.get("bprof"), dict) and isinstance(m["bprof"].get("world_size"), int)}
     backends = {d.get("backend") for d in dists.values() if d.get("backend")}
     run_ids = {m["bprof"].get("run_id") for m in metas.values()
                if isinstance(m.get("bprof"), dict) and m["bprof"].get("run_id")}
@@ -347,7 +375,8 @@ def _finish_run(con, run_id: int, metas: dict[int, dict]) -> list[str]:
          "inconsistency": ", ".join(problems) or None, "command": bprof_meta.get("command"),
          "git_sha": bprof_meta.get("git_sha"), "git_branch": bprof_meta.get("git_branch"),
          "metadata": json.dumps({"bprof": bprof_meta, "bprof_model": model,
-                                 "environment": {k: recorded[k] for k in ENVIRONMENT_FACTS if k in recorded}})},
+                                 "environment": {k: recorded[k] for k in ENVIRONMENT_FACTS if k in recorded}}
+                                | ({"window": window} if window else {}))},
     )
     return warnings
 
@@ -416,19 +445,21 @@ def _pinpoint(array_path: Path) -> tuple[int, str | None]:
                 return consumed + len(text[:exc.pos].encode()), exc.msg.lower()
 
 
-def _hash_files(files: tuple[Path, ...], workers: int) -> dict[Path, str]:
-    def digest(path: Path) -> str:
-        h = hashlib.sha256()
-        try:
-            with path.open("rb") as f:
-                while chunk := f.read(8 << 20):
-                    h.update(chunk)
-        except OSError as exc:
-            raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-        return h.hexdigest()
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read in 8 MiB chunks; an unreadable file is a DataError naming it."""
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    return h.hexdigest()
 
+
+def _hash_files(files: tuple[Path, ...], workers: int) -> dict[Path, str]:
     with ThreadPoolExecutor(max(1, workers)) as pool:
-        return dict(zip(files, pool.map(digest, files)))
+        return dict(zip(files, pool.map(file_sha256, files)))
 
 
 def _existing_or_name(con, fingerprint: str, options: IngestOptions, run: RunFiles) -> tuple[IngestResult | None, str]:

@@ -7,6 +7,7 @@
 --    a record_param_comms named wait nor, in older traces, a bare one that launches nothing.
 -- 2. Its parts are the record_param_comms ops nested in it (same thread, inside its interval):
 --    they carry op, sizes, dtype and process group on NCCL traces; a coalesced call has several.
+--    A bare record_param_comms (2022 traces) takes op, dtype and input from its nccl:<op> range.
 -- 3. Its device work is the NCCL kernels launched inside its interval (launch call on the same
 --    thread, joined to the kernel by correlation id), else the gloo:* ranges nested in it, else
 --    gloo:* ranges on gloo worker threads matched in order: the k-th unlinked range of an op to
@@ -98,6 +99,14 @@ WITH ev AS (
     WHERE r.name = 'record_param_comms' AND r.end_ns <= c.end_ns
 ), parts AS (
     SELECT cid, count(*) AS num_parts, arg_min(args, ts_ns) AS rpc_args FROM inner_rpc GROUP BY cid
+), inner_range AS (
+    -- Format trap: traces of 2022 write a bare record_param_comms (no Collective name, no sizes)
+    -- around torch's nccl:<op> range, which names the op and carries the Input Dims and type
+    SELECT c.cid, arg_min(r.name, r.ts_ns) AS range_name, arg_min(r.args, r.ts_ns) AS range_args
+    FROM (SELECT * FROM ev WHERE kind IN ('cpu_op', 'user_annotation') AND name LIKE 'nccl:%') r
+    ASOF JOIN calls c ON r.rank = c.rank AND r.tid = c.tid AND r.ts_ns >= c.ts_ns
+    WHERE r.ts_ns + r.dur_ns <= c.end_ns AND c.name = 'record_param_comms' AND c.coll_name IS NULL
+    GROUP BY c.cid
 ), comm_kernels AS (
     SELECT row_number() OVER (ORDER BY rank, ts_ns) AS kid, rank, name, ts_ns, dur_ns, correlation,
            step, args
@@ -125,11 +134,12 @@ WITH ev AS (
     FROM gloo g ASOF JOIN calls c ON g.rank = c.rank AND g.tid = c.tid AND g.ts_ns >= c.ts_ns
     WHERE g.ts_ns + g.dur_ns <= c.end_ns
 ), calls_typed AS (
-    SELECT c.*, p.num_parts, p.rpc_args,
+    SELECT c.*, p.num_parts, p.rpc_args, i.range_name, i.range_args,
            CASE WHEN c.name = 'record_param_comms' OR bprof_canon_op(c.name) = 'unknown'
-                THEN coalesce(bprof_canon_op(p.rpc_args ->> '$."Collective name"'), bprof_canon_op(c.name))
+                THEN coalesce(bprof_canon_op(p.rpc_args ->> '$."Collective name"'), bprof_canon_op(i.range_name),
+                              bprof_canon_op(c.name))
                 ELSE bprof_canon_op(c.name) END AS op
-    FROM calls c LEFT JOIN parts p USING (cid)
+    FROM calls c LEFT JOIN parts p USING (cid) LEFT JOIN inner_range i USING (cid)
 ), unlinked_calls AS (
     SELECT cid, rank, op,
            row_number() OVER (PARTITION BY rank, op ORDER BY ts_ns, cid) AS k,
@@ -157,15 +167,15 @@ WITH ev AS (
     GROUP BY cid
 ), from_calls AS (
     SELECT c.rank, c.op,
-           CASE WHEN c.name = 'record_param_comms' THEN coalesce(c.coll_name, c.name) ELSE c.name END AS raw_name,
+           CASE WHEN c.name = 'record_param_comms' THEN coalesce(c.coll_name, c.range_name, c.name) ELSE c.name END AS raw_name,
            CASE WHEN c.name = 'record_param_comms' THEN 'record_param_comms' ELSE 'c10d' END AS source,
-           c.rpc_args AS info, c.args AS call_args, a.gloo_args, w.kernel_name,
+           c.rpc_args AS info, coalesce(c.range_args, c.args) AS call_args, a.gloo_args, w.kernel_name,
            coalesce(c.num_parts, 1) AS num_parts, c.tid, c.ts_ns AS cpu_ts_ns, c.dur_ns AS cpu_dur_ns,
            w.ts_ns AS device_ts_ns, w.dur_ns AS device_dur_ns, coalesce(w.n, 0) AS num_kernels,
            c.external_id, c.step
     FROM calls_typed c LEFT JOIN work w USING (cid) LEFT JOIN call_gloo_args a USING (cid)
-    -- older traces write Work.wait() as a bare record_param_comms: no name, no kernel
-    WHERE NOT (c.name = 'record_param_comms' AND c.coll_name IS NULL AND w.n IS NULL)
+    -- older traces write Work.wait() as a bare record_param_comms: no name, no nccl:<op> range, no kernel
+    WHERE NOT (c.name = 'record_param_comms' AND c.coll_name IS NULL AND c.range_name IS NULL AND w.n IS NULL)
 ), kernel_only AS (
     SELECT k.rank, bprof_canon_op(coalesce(k.args ->> '$."Collective name"', k.name)) AS op,
            k.name AS raw_name, 'kernel_only' AS source,

@@ -5,6 +5,9 @@ a large array is cut at event boundaries into several valid arrays, so that Duck
 parts of one trace on several threads. The surrounding keys (`distributedInfo`, `deviceProperties`, `baseTimeNanoseconds`, ...) are
 parsed with the stdlib. Memory stays bounded by the chunk size whatever the trace size.
 
+A trace may be an fsspec URL (s3://, gs://, hdfs://, memory://; see trace_path): it is read as a
+stream through fsspec like a local file, never downloaded first.
+
 Format quirk: the metadata keys may come before or after `traceEvents` (modern traces put
 `baseTimeNanoseconds` last), and some traces are pretty-printed, so nothing here relies on lines.
 """
@@ -17,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bprof.errors import DataError
+from bprof.errors import DataError, UsageError
 
 CHUNK_BYTES = 4 << 20
 PART_BYTES = 16 << 20
@@ -33,6 +36,43 @@ _ARRAY_END_CANDIDATE = re.compile(rb'(?:\}|\[)\s*(\])\s*(?:,\s*"|\}\s*$)')
 # an event key. Nested objects in args never start with these keys. Traces without line breaks
 # are simply not cut.
 _EVENT_BOUNDARY = re.compile(rb'(\})[ \t\r]*(?:,[ \t\r]*\n|\n\s*,)\s*(\{)\s*"(?:ph|name|cat)"\s*:')
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(location) -> bool:
+    """A string (or path object) naming a file through an fsspec protocol (s3://, file://, ...)."""
+    return isinstance(location, str) and _URL.match(location) is not None or type(location).__module__.startswith("upath")
+
+
+def trace_path(location):
+    """A trace's location as a path object: a local path (or file:// URL) as pathlib.Path; any other
+    fsspec URL as universal_pathlib's UPath, whose open() streams through fsspec. Path objects pass."""
+    if not isinstance(location, str):
+        return location
+    if not _URL.match(location):
+        return Path(location)
+    if location.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    try:
+        from upath import UPath
+    except ImportError:
+        raise UsageError(f"{location}: reading URLs needs fsspec and universal-pathlib "
+                         "(pip install 'bprof[remote]')") from None
+    try:
+        path = UPath(location)
+        path.fs  # the protocol's filesystem (s3fs, gcsfs, ...) is imported here: say which one is missing
+    except (ImportError, ValueError) as exc:
+        raise UsageError(f"{location}: fsspec cannot open this URL ({str(exc).splitlines()[0]})") from None
+    return path
+
+
+def trace_text(path) -> str:
+    """How a reduced output's manifest names its trace: the resolved local path, or the URL."""
+    return str(path.resolve()) if isinstance(path, Path) else str(path)
 
 
 class NotATrace(DataError):
@@ -57,7 +97,7 @@ def split_trace(path: Path, array_path: Path) -> SplitTrace:
     Raises DataError naming the file on truncated gzip, invalid JSON around the array, a
     missing traceEvents key (NotATrace when the whole object has none) or an empty event list.
     """
-    path = Path(path)
+    path = trace_path(path)
     header = bytearray()
     header_meta: dict | None = None
     total = 0

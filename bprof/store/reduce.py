@@ -11,8 +11,11 @@ named, not half-loaded. A new FORMAT_VERSION is refused by an older bprof, and t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -186,3 +189,20 @@ def _timestamp(text) -> datetime | None:
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat()
+
+
+@contextlib.contextmanager
+def replaced_dir(out: Path):
+    """Yield an empty temporary sibling of `out` to fill; when the block ends, it replaces `out`
+    (whole or not at all); on any error it is removed and `out` is left as it was."""
+    staging = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        if out.exists():
+            shutil.rmtree(out)
+        staging.replace(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -34,7 +34,8 @@ def list_runs(con: duckdb.DuckDBPyConnection) -> list[dict]:
                CAST(r.ingested_at AS VARCHAR) AS ingested_at, r.world_size, r.num_ranks_ingested,
                r.backend, r.device_name, r.consistent, r.inconsistency,
                (SELECT count(DISTINCT step) FROM steps s WHERE s.run_id = r.run_id) AS num_steps,
-               (SELECT median(dur_ns) FROM steps s WHERE s.run_id = r.run_id) AS median_step_ns
+               -- the step on the device where it was measured (steps.device_dur_ns), else the CPU range
+               (SELECT median(coalesce(device_dur_ns, dur_ns)) FROM steps s WHERE s.run_id = r.run_id) AS median_step_ns
         FROM runs r ORDER BY r.run_id"""))
 
 

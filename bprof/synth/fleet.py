@@ -304,10 +304,11 @@ def _insert_per_rank(con, f: Fleet, sim: _Sim, run_id: int, rank_offset: np.ndar
     compute = sim.compute.reshape(-1)
     con.register("_fleet_steps", pa.table({"rank": rank, "step": step, "ts": ts, "dur": dur, "compute": compute}))
     try:
-        con.execute(f"INSERT INTO steps SELECT {run_id}, rank, step, ts, dur FROM _fleet_steps")
+        con.execute(f"INSERT INTO steps (run_id, rank, step, ts_ns, dur_ns) SELECT {run_id}, rank, step, ts, dur FROM _fleet_steps")
         con.execute(f"""INSERT INTO reduced_ranks SELECT {run_id}, r, 'bprof.synth.fleet', {FORMAT_VERSION}, NULL, NULL, 0
                         FROM range({f.world_size}) t(r)""")
-        con.execute(f"INSERT INTO reduced_spans SELECT {run_id}, rank, step, ts, dur, 'device', NULL FROM _fleet_steps")
+        con.execute(f"INSERT INTO reduced_spans (run_id, rank, step, ts_ns, dur_ns, timeline, main_tid) "
+                    f"SELECT {run_id}, rank, step, ts, dur, 'device', NULL FROM _fleet_steps")
         # All communication is exposed here (compute and collectives never run at once in this
         # model) but a send's, which runs while its rank computes.
         con.execute(f"""INSERT INTO reduced_breakdown

@@ -3,9 +3,10 @@ kernels faster or slower: what `scale:X=F` buys when the host, not the GPU, may 
 waits for.
 
 Nodes are time points: the start and the end of every CUDA/HIP runtime or driver call (per host
-thread, in order), of every kernel, memcpy and memset (per device and stream, in order), and each
-step's start and end (its timeline_spans span). A time point is the latest of its predecessors
-(each plus the edge's weight) plus its own delay:
+thread, in order), of every kernel, memcpy and memset (per device and stream, in order), each
+step's start and end (its timeline_spans span: on the device where the step launched device work)
+and each step's start on the host (timeline_spans.host_ts_ns, its ProfilerStep range). A time
+point is the latest of its predecessors (each plus the edge's weight) plus its own delay:
 
 - thread order: a call starts after the previous call of its thread ended;
 - a call ends its duration after it started; a kernel/memcpy/memset likewise (the weight a scale
@@ -21,8 +22,14 @@ step's start and end (its timeline_spans span). A time point is the latest of it
   GPU work ended, and is no sync (a launch into a full launch queue, a copy to pageable memory, an
   allocation that synchronises), costs the median of its name and otherwise waits for the GPU
   work that ended last before it returned;
-- a step starts after the previous step ended (when consecutive: the spans tile the timeline), and
-  its calls and GPU work start after it; a step ends after the last call of each training thread
+- a step starts after the previous step ended (when consecutive: the spans tile the timeline);
+  its calls start after its start on the host, which follows the previous step's last call of
+  each training thread (when consecutive); its GPU work follows its launches and streams only.
+  Where the device lags, the device span starts milliseconds after the host's calls of the step,
+  and GPU work on a second stream (copies, input preparation) starts before the previous step's
+  device work ended: anchoring either to the span start contradicted the measurement (6,710 such
+  edges dropped on one A100 trace, 10,870 on a V100 one) and let a queue-bound step gain;
+  a step ends after the last call of each training thread
   (timeline_threads) of the step ended and, when its span ends with the device (the last step),
   after the last work of each stream ended.
 
@@ -76,8 +83,8 @@ _NONE = np.iinfo(np.int64).min // 4  # no lower bound
 @dataclasses.dataclass(frozen=True)
 class DeviceGraph:
     """One rank's captured steps. Op i (a call or GPU work) has time points 2i (start) and 2i+1
-    (end); then each step's end (2n + k) and start (2n + K + k), k indexing `steps`. Edges are in
-    CSR by destination (ptr, src, weight_ns)."""
+    (end); then each step's end (2n + k), start (2n + K + k) and start on the host (2n + 2K + k),
+    k indexing `steps`. Edges are in CSR by destination (ptr, src, weight_ns)."""
 
     rank: int
     steps: np.ndarray  # the rank's steps, ascending
@@ -107,6 +114,9 @@ class DeviceGraph:
 
     def start_point(self, k: int) -> int:
         return 2 * self.num_ops + len(self.steps) + k
+
+    def host_start_point(self, k: int) -> int:
+        return 2 * self.num_ops + 2 * len(self.steps) + k
 
     @property
     def num_gpu_ops(self) -> int:
@@ -162,13 +172,14 @@ class Shifts:
         return np.where(j >= 0, self.shift_ns[np.maximum(j, 0)], 0)
 
 
-def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph:
+def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns, host_start_ns=None) -> DeviceGraph:
     """The graph of one rank from its _dg_events rows (arrays: step, is_host, name, op_name, tid,
-    device, stream, ts_ns, dur_ns, correlation, training) and its steps' spans (own clock); rows
-    of a step without a span are left out."""
+    device, stream, ts_ns, dur_ns, correlation, training), its steps' spans and their starts on the
+    host (own clock; default the span starts); rows of a step without a span are left out."""
     steps = np.asarray(steps, dtype=np.int64)
     by = np.argsort(steps)
     steps, span_start, span_end = steps[by], np.asarray(span_start_ns, dtype=np.int64)[by], np.asarray(span_end_ns, dtype=np.int64)[by]
+    host_start = span_start if host_start_ns is None else np.asarray(host_start_ns, dtype=np.int64)[by]
     ev_step = np.asarray(ev["step"], dtype=np.int64)
     k_of = np.minimum(np.searchsorted(steps, ev_step), max(len(steps) - 1, 0))
     keep = (steps[k_of] == ev_step) if len(steps) else np.zeros(len(ev_step), dtype=bool)
@@ -182,8 +193,8 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
     names = np.asarray(ev["name"], dtype=object)
     corr = _filled(ev["correlation"], -1)
     start_pt, end_pt = 2 * np.arange(n), 2 * np.arange(n) + 1
-    step_end_pt, step_start_pt = 2 * n + np.arange(K), 2 * n + K + np.arange(K)
-    measured = np.concatenate([np.column_stack([ts, end]).ravel(), span_end, span_start]).astype(np.int64)
+    step_end_pt, step_start_pt, host_start_pt = 2 * n + np.arange(K), 2 * n + K + np.arange(K), 2 * n + 2 * K + np.arange(K)
+    measured = np.concatenate([np.column_stack([ts, end]).ravel(), span_end, span_start, host_start]).astype(np.int64)
     listed = names.tolist()
     sync = host & np.array([bool(x) and bool(_SYNC.match(x)) for x in listed], dtype=bool)
     sync_copy = host & np.array([bool(x) and bool(_SYNC_COPY.match(x)) for x in listed], dtype=bool)
@@ -267,12 +278,13 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
         add(end_pt[ops[j[ok]]], end_pt[syncs[ok]], 0, _SYNC_EDGE)
     copies = gl[sync_copy[launch[gl]]]
     add(end_pt[copies], end_pt[launch[copies]], 0, _SYNC_EDGE)
-    # steps: a consecutive step starts when the one before ended; its work starts after it starts
+    # steps: a consecutive step starts when the one before ended; its calls start after its start
+    # on the host
     consecutive = np.flatnonzero((steps[1:] == steps[:-1] + 1) & (span_start[1:] == span_end[:-1])) + 1
     add(step_end_pt[consecutive - 1], step_start_pt[consecutive], 0, _STEP)
-    add(step_start_pt[op_step], start_pt, 0, _STEP)
+    add(host_start_pt[op_step[h]], start_pt[h], 0, _STEP)
     # a step ends after each training thread's last call of the step; after each stream's last work
-    # of the step when its span ends with the device
+    # of the step when its span ends with the device; the next step starts on the host after them
     training = np.asarray(ev["training"], dtype=bool) & host
     drivers = training if training.any() else host
     hk = h[np.lexsort((end[h], ts[h], tid[h], op_step[h]))]
@@ -280,6 +292,9 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
     last_call = hk[last]
     last_call = last_call[drivers[last_call]]
     add(end_pt[last_call], step_end_pt[op_step[last_call]], 0, _END)
+    k_next = np.minimum(op_step[last_call] + 1, max(K - 1, 0))
+    follows = (op_step[last_call] + 1 < K) & (steps[k_next] == steps[op_step[last_call]] + 1)
+    add(end_pt[last_call[follows]], host_start_pt[k_next[follows]], 0, _STEP)
     if len(g):
         gk = g[np.lexsort((end[g], ts[g], stream[g], device[g], op_step[g]))]
         new = np.r_[(op_step[gk[1:]] != op_step[gk[:-1]]) | (stream[gk[1:]] != stream[gk[:-1]])
@@ -308,7 +323,7 @@ def build(ev: dict, rank: int, steps, span_start_ns, span_end_ns) -> DeviceGraph
     gpu_edge[dst[is_gpu] // 2] = np.flatnonzero(is_gpu)
     order = _topological(points, ptr, src)
     th = h[training[h]]
-    anchors = np.r_[start_pt[g], end_pt[g], start_pt[th], end_pt[th], step_end_pt, step_start_pt].astype(np.int64)
+    anchors = np.r_[start_pt[g], end_pt[g], start_pt[th], end_pt[th], step_end_pt, step_start_pt, host_start_pt].astype(np.int64)
     kept = {EDGE_KINDS[k]: int(c) for k, c in zip(*np.unique(kind, return_counts=True))}
     return DeviceGraph(rank, steps, op_step, names, np.asarray(ev["op_name"], dtype=object), host, blocked, measured,
                        ext, measured - bound, ptr, src, w, gpu_edge, order, anchors, dropped, kept)
@@ -372,13 +387,13 @@ _COLUMNS = "step, is_host, name, op_name, tid, device, stream, ts_ns, dur_ns, co
 
 def rank_graph(con: duckdb.DuckDBPyConnection, run_id: int, rank: int) -> DeviceGraph | None:
     """The graph of one rank's captured steps (prepare() first); None when it ran no GPU work."""
-    spans = con.execute("SELECT step, ts_ns, ts_ns + dur_ns AS end_ns FROM timeline_spans WHERE run_id = ? AND rank = ? ORDER BY step",
-                        [run_id, rank]).fetchnumpy()
+    spans = con.execute("""SELECT step, ts_ns, ts_ns + dur_ns AS end_ns, coalesce(host_ts_ns, ts_ns) AS host_ts_ns
+                           FROM timeline_spans WHERE run_id = ? AND rank = ? ORDER BY step""", [run_id, rank]).fetchnumpy()
     rows = con.execute(f"SELECT {_COLUMNS} FROM _dg_events WHERE rank = ? ORDER BY ts_ns", [rank]).fetchnumpy()
     if not len(spans["step"]) or np.asarray(rows["is_host"], dtype=bool).all():
         return None
     ev = {k: _objects(v) if k in ("name", "op_name", "tid") else v for k, v in rows.items()}
-    g = build(ev, rank, spans["step"], spans["ts_ns"], spans["end_ns"])
+    g = build(ev, rank, spans["step"], spans["ts_ns"], spans["end_ns"], spans["host_ts_ns"])
     return g if g.num_gpu_ops else None
 
 

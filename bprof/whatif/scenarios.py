@@ -31,6 +31,14 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
   findings are priced with it.
 - `balanced-stages`: the slowest pipeline stage (bubbles_runs) does its work between collectives
   scaled to the other stages' median own work (busy_ns); waiting and transfers as measured.
+- `coalesce-small[:BYTES]`: back-to-back collectives of at most BYTES (default 65536) bytes of one
+  group and op (a storm of scalar all-reduces: metrics averaged one by one; the compute between two
+  - their work less its host gaps - at most the first's transfer, so a tensor-parallel all-reduce
+  after each layer is never one)
+  are sent as one: each but the last of a batch costs nothing (its transfer and the host's call
+  overhead before the next call go), the last keeps its transfer. The delay from each call to its
+  start (queue, worker wake-up) and waiting for the last peer stay. The collective-storm finding is
+  priced with it.
 - `perfect-overlap`: each collective's transfer (its exit after the last member arrived) is hidden
   behind the compute of the member's work segment before it, as far as that compute reaches:
   exit after last arrival = max(0, transfer - (work before it - its host gaps)). Waiting for the
@@ -226,6 +234,73 @@ class FreeComm(Part):
     def assumption(self):
         return (f"{self.text}: each member of a {self.dim} collective (breakdown_groups.dim) leaves it as the last "
                 "member arrives (its transfer free); waiting for the last peer and everything else as measured")
+
+
+# A collective of at most this many bytes per rank is latency-bound on every link bprof knows of
+# (NCCL's low-latency protocols carry messages up to about 64 KiB): batching such calls saves their
+# latency, not bandwidth.
+SMALL_COLLECTIVE_BYTES = 65536
+NOT_BATCHED_OPS = ("p2p", "send", "recv", "barrier")
+
+
+class CoalesceSmall(Part):
+    """`coalesce-small[:BYTES]`: back-to-back small collectives of one group and op sent as one."""
+
+    def __init__(self, max_bytes: int = SMALL_COLLECTIVE_BYTES):
+        self.max_bytes = max_bytes
+        self.text = "coalesce-small" if max_bytes == SMALL_COLLECTIVE_BYTES else f"coalesce-small:{max_bytes}"
+
+    def apply(self, con, run_id, m, s):
+        folded, continues = self.batches(m, s.work, s.exit_after)
+        g = m.g
+        # a folded call costs nothing: its transfer goes, and so does the host's call overhead
+        # between it and the call it is folded into
+        s.exit_after = np.where(folded[g.instance] & (s.exit_after > 0), 0, s.exit_after)
+        after_folded = np.zeros(len(g.instance), dtype=bool)
+        after_folded[1:] = continues & folded[g.instance[:-1]]
+        s.work = np.where(after_folded, 0, s.work)
+
+    def freed(self, m: StepModel, work: np.ndarray, exit_after: np.ndarray) -> np.ndarray:
+        """Per dense instance: whether it is folded into the next call of its batch."""
+        return self.batches(m, work, exit_after)[0]
+
+    def batches(self, m: StepModel, work: np.ndarray, exit_after: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(per dense instance: folded into the next call of its batch; per member row after the
+        first: it continues its rank's previous row's batch). A row continues it when both
+        instances are small, of one group (instance_id >> 36, match.sql) and op, and the compute
+        between them (the row's work less its host gaps: Python, the call's own overhead and
+        waiting on the host are no compute) is at most the previous instance's transfer (its
+        members' longest exit after the last arrival): the calls dominate (values averaged one by
+        one, not the layers between a tensor-parallel all-reduce and the next). The whole work,
+        not the compute, would break a storm wherever Python's call overhead is about one small
+        transfer: on 2 gloo ranks, 20-350 us of work between two scalar all-reduces of 100-700 us,
+        of which 12-40 us were ops. An instance is folded into its successor when the successor
+        continues the batch on every member's rank."""
+        g = m.g
+        small = (m.bytes >= 0) & (m.bytes <= self.max_bytes) & ~np.isin(m.op.astype(str), NOT_BATCHED_OPS)
+        none = np.zeros(max(len(g.instance) - 1, 0), dtype=bool)
+        if small.sum() < 2:
+            return np.zeros(len(small), dtype=bool), none
+        key = np.where(small, g.instance_ids >> 36, -1)
+        transfer = np.zeros(len(small), dtype=np.int64)
+        np.maximum.at(transfer, g.instance, np.maximum(exit_after, 0))
+        inst, prev = g.instance[1:], g.instance[:-1]
+        ops = m.op.astype(str)
+        compute = np.maximum(work - m.host_ns, 0)  # as perfect-overlap reads it
+        continues = ((g.rank[1:] == g.rank[:-1]) & small[inst] & small[prev] & (key[inst] == key[prev])
+                     & (ops[inst] == ops[prev]) & (compute[1:] <= transfer[prev]))
+        # row r (r < last) is folded into row r + 1 when row r + 1 continues the batch
+        folded_rows = np.zeros(len(g.instance), dtype=np.int64)
+        folded_rows[:-1] = continues
+        rows = np.bincount(g.instance, minlength=len(small))
+        folded = (np.bincount(g.instance, weights=folded_rows, minlength=len(small)) == rows) & (rows > 0) & small
+        return folded, continues
+
+    def assumption(self):
+        return (f"{self.text}: back-to-back collectives of at most {self.max_bytes} bytes of one group and op (the "
+                "compute between two, their work less its host gaps, at most the first's transfer) are sent as one: each but the last costs nothing (no "
+                "transfer, no host work before the next), the last keeps its transfer; the delay from each call to its "
+                "start on the worker and waiting for the last peer as measured")
 
 
 class PerfectOverlap(Part):
@@ -579,6 +654,11 @@ def _part(p: str) -> Part:
         if not re.fullmatch(r"[a-z_]+", dim):
             raise UsageError(f"scenario {p!r}: expected free-comm:<dimension>, e.g. free-comm:dp")
         return FreeComm(dim)
+    if p == "coalesce-small" or p.startswith("coalesce-small:"):
+        size = p[len("coalesce-small:"):] if ":" in p else str(SMALL_COLLECTIVE_BYTES)
+        if not re.fullmatch(r"[0-9]+", size) or int(size) < 1:
+            raise UsageError(f"scenario {p!r}: expected coalesce-small[:<bytes per rank, 1 or more>], e.g. coalesce-small:65536")
+        return CoalesceSmall(int(size))
     if p.startswith("no-host-gaps:"):
         cause = p[len("no-host-gaps:"):]
         if cause not in HOST_CAUSES:
@@ -615,5 +695,5 @@ def _part(p: str) -> Part:
         if not eq or not re.fullmatch(r"[0-9]+", count) or int(count) < 1:
             raise UsageError(f"scenario {p!r}: expected microbatches=<count of 1 or more>, e.g. microbatches=8")
         return MicroBatches(int(count))
-    raise UsageError(f"unknown scenario {p!r}: expected no-stragglers, no-host-gaps, perfect-overlap, "
+    raise UsageError(f"unknown scenario {p!r}: expected no-stragglers, no-host-gaps, perfect-overlap, coalesce-small, "
                      "scale:<class or op>=<factor>, coll:bw=<GB/s>,lat=<us>[,algo=ring|tree], microbatches=<M> or dp=<N>")

@@ -109,6 +109,34 @@ def test_unanalysed_run_says_so(tmp_path):
     con.close()
 
 
+def test_overview_shows_the_runs_hang_verdict(tmp_path):
+    """A verdict stored by `bprof hang --db`: on the run it names (--run) and on a run of the hang alone,
+    which every page draws without failing (it has no ranks)."""
+    from tests.hang.test_store import _nccl_dumps
+
+    db = tmp_path / "s.duckdb"
+    subprocess.run([sys.executable, "-m", "bprof.synth", str(tmp_path / "t"), "--dp", "2", "--slow-rank", "1"],
+                   check=True, capture_output=True, cwd=ROOT)
+    assert _bprof("ingest", str(tmp_path / "t"), "--db", str(db)).returncode == 0
+    for args in (["--run", "1"], []):
+        done = _bprof("hang", str(_nccl_dumps(tmp_path / f"dumps{len(args)}")), "--db", str(db), *args)
+        assert done.returncode == 0, done.stderr
+    con = open_store(db, read_only=True)
+    try:
+        for run_id in (1, 2):
+            sections = {s.key: s for s in overview.sections(con, View(run_id))}
+            verdict = con.execute("SELECT verdict FROM hangs WHERE run_id = ?", [run_id]).fetchone()[0]
+            assert sections["hang"].text == f"hang: {verdict}" and "rank 2 left no dump" in verdict
+            # run 1 has a window (analysed on storing) with a planted straggler, rank 1; run 2 is the hang alone
+            late = {1: "no", 2: ""}[run_id]
+            assert sections["hang-culprits"].rows == [["2", "no_dump", "0", "1", "unknown (no dump)", late, ""]]
+            assert ("captured before (run 1 \"t\", steps 5-7): rank 1 (not a culprit now" in verdict) == (run_id == 1)
+            for page in PAGES:
+                page.sections(con, with_defaults(con, View(run_id)))
+    finally:
+        con.close()
+
+
 def _bprof(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "bprof.cli.main", *args], capture_output=True, text=True, cwd=cwd)
 

@@ -165,6 +165,15 @@ def test_a_findings_evidence_link_opens_its_ranks_and_step_in_the_timeline(drive
         open_page(driver, url + f"/overview?run={report_store['synthetic']}")
         wait_for(driver, "#run-facts-run", text="synthetic-8")
         rows = driver.find_elements("css selector", "#findings tbody tr")
+        # the evidence reads as text (ranks, steps, numbers with units); its raw JSON opens on a click
+        cell = rows[first].find_element("css selector", "details.evidence")
+        summary = cell.find_element("tag name", "summary").text
+        assert summary.startswith("rank") and "step" in summary and "{" not in summary, summary
+        raw = cell.find_element("css selector", "pre.raw")
+        assert not raw.is_displayed()
+        cell.find_element("tag name", "summary").click()
+        assert raw.is_displayed()
+        assert json.loads(raw.text) == {k: v for k, v in evidence[first].items() if k != "advice"}
         rows[first].find_element("link text", "timeline").click()
         expected = f"Step {step} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
         wait_for(driver, "#timeline .gtitle", text=expected)

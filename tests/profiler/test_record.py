@@ -109,6 +109,21 @@ def test_ddp_cpp_buckets_two_windows_and_exit_code(tmp_path):
         assert_collectives_matched(con, run_id)
 
 
+def test_adjacent_windows_both_recorded(tmp_path):
+    # 2:4,4:6 stops one profiler session and starts the next at the same optimizer step: inside its
+    # Optimizer.step range, this killed the rank in the garbage collector at the second window's end
+    # (3 of 3 runs); the next session now starts once the step has returned
+    done = record(tmp_path, "--steps", "2:4,4:6", nproc=2, env={"PYTHONFAULTHANDLER": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    con = store(tmp_path)
+    per_run = con.execute("""SELECT r.name, s.rank, list(s.step ORDER BY s.step) FROM steps s JOIN runs r USING (run_id)
+                             GROUP BY ALL ORDER BY ALL""").fetchall()
+    assert per_run == [("run-iteration_2", 0, [2, 3]), ("run-iteration_2", 1, [2, 3]),
+                       ("run-iteration_4", 0, [4, 5]), ("run-iteration_4", 1, [4, 5])]
+    for (run_id,) in con.execute("SELECT run_id FROM runs").fetchall():
+        assert_collectives_matched(con, run_id)
+
+
 def test_killed_rank_leaves_a_partial_run(tmp_path):
     done = record(tmp_path, "--steps", "2:6", nproc=2, script_args=["--steps", "8", "--kill-rank", "1", "--kill-at", "4"])
     assert done.returncode != 0

@@ -7,6 +7,11 @@ Faults come from outside the model, chosen by flags:
   --slow-rank R --slow-ms MS     extra compute on rank R before its forward, every step
   --mode {async,sync}            how the gradients are all-reduced
   --host-ms MS                   host work between issuing the async all-reduces and waiting for them
+  --storm N                      N metrics (one float each) all-reduced one by one after every step
+  --batched                      with --storm: the same N metrics stacked and all-reduced in one call
+                                 (the counterfactual of the coalesce-small what-if)
+  --storm-times PREFIX           with --storm: each rank appends "step seconds" of its metrics'
+                                 all-reduces (perf_counter, outside the trace) to PREFIX.<rank>
 Run under torchrun (gloo, CPU).
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,6 +40,9 @@ def main() -> None:
     p.add_argument("--host-ms", type=float, default=5.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--storm", type=int, default=0)
+    p.add_argument("--batched", action="store_true")
+    p.add_argument("--storm-times", default="")
     a = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -72,6 +81,19 @@ def main() -> None:
             p_.grad /= world
         opt.step()
         opt.zero_grad()
+        # metrics logged the way many trainers do: each value averaged over the ranks on its own
+        # timed from outside the trace: a range around them would hide the Python between the calls
+        # from bprof (a CPU trace's ranges count as busy)
+        started = time.perf_counter()
+        if a.storm and a.batched:
+            dist.all_reduce(torch.cat([loss.detach().reshape(1) * (i + 1) for i in range(a.storm)]))
+        else:
+            for i in range(a.storm):
+                metric = loss.detach().reshape(1) * (i + 1)
+                dist.all_reduce(metric)
+        if a.storm and a.storm_times:
+            with open(f"{a.storm_times}.{rank}", "a") as f:
+                f.write(f"{step} {time.perf_counter() - started:.9f}\n")
     dist.destroy_process_group()
 
 

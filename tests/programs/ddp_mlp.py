@@ -4,6 +4,7 @@ autograd hooks during backward, waited at the end of backward), a plain optimize
 
 Faults come from outside the model, chosen by flags:
   --slow-rank R --slow-ms MS --slow-where {before,forward,hook}   extra compute on rank R
+  --slow-from N                                                   ... from iteration N on only
   --bucket-cap-mb MB, --grad-as-bucket-view, --no-sync-every K    DDP's own options
   --stall-ms MS                                                   a DataLoader whose dataset stalls
 Run under torchrun (gloo, CPU).
@@ -46,6 +47,7 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--slow-where", choices=["before", "forward", "hook"], default="before")
+    p.add_argument("--slow-from", type=int, default=0, help="the slow rank is slow from this iteration on")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--grad-as-bucket-view", action="store_true")
     p.add_argument("--no-sync-every", type=int, default=0, help="accumulate K-1 micro-batches under no_sync")
@@ -55,22 +57,24 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    slow = rank == a.slow_rank and a.slow_ms > 0
+    faulty = rank == a.slow_rank and a.slow_ms > 0
+    slow = faulty and a.slow_from == 0  # a truth the hooks read: set at iteration --slow-from
     layers = []
     for _ in range(a.layers):
         layers += [nn.Linear(a.dim, a.dim), nn.GELU()]
     model = nn.Sequential(*layers)
-    if slow and a.slow_where == "forward":
-        model[0].register_forward_pre_hook(lambda m, x: busy(a.slow_ms))
-    if slow and a.slow_where == "hook":
+    if faulty and a.slow_where == "forward":
+        model[0].register_forward_pre_hook(lambda m, x: busy(a.slow_ms) if slow else None)
+    if faulty and a.slow_where == "hook":
         # inside backward: a hook on the first layer's input gradient runs late in backward
-        model[len(layers) // 2].register_full_backward_hook(lambda m, gi, go: busy(a.slow_ms))
+        model[len(layers) // 2].register_full_backward_hook(lambda m, gi, go: busy(a.slow_ms) if slow else None)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb,
                                               gradient_as_bucket_view=a.grad_as_bucket_view)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
     data = torch.utils.data.DataLoader(Stalling(8 * a.steps * max(1, a.no_sync_every), a.dim, a.stall_ms), batch_size=8)
     batches = iter(data)
-    for _ in range(a.steps):
+    for step in range(a.steps):
+        slow = faulty and step >= a.slow_from
         micro = max(1, a.no_sync_every)
         for k in range(micro):
             x, y = next(batches)

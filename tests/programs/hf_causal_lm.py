@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -54,6 +55,15 @@ def main() -> None:
         out.loss.backward()
         opt.step()
         opt.zero_grad()
+    # torch 2.13 (gloo, CPU) can deadlock at teardown: when the last reference to the process group
+    # is DDP's reducer, freeing the model joins gloo's worker threads while holding the GIL, and a
+    # worker destroying a finished all-reduce needs the GIL to drop a Python object of its thread
+    # state (seen in 1 of 3 plain torchrun runs, without bprof: py-spy showed exactly these two
+    # stacks). So: let the workers finish (the barrier, then a sleep that releases the GIL), free the
+    # model while the world still holds the group, then destroy the group.
+    dist.barrier()
+    time.sleep(0.2)
+    del model, opt
     dist.destroy_process_group()
 
 

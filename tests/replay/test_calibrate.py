@@ -16,6 +16,7 @@ from bprof.replay.calibrate import _cpu_model_name, _timed_batches, calibrate, n
 from bprof.store.db import open_store
 from bprof.store.peaks import cpu_peak_for_host, load_peaks
 from tests.cli.test_cli import bprof
+from tests.test_no_torch import TORCH_BLOCKER
 
 
 def test_small_cpu_calibration_measures_each_dtype_and_restores_threads():
@@ -89,14 +90,7 @@ def test_cli_errors_are_one_line(tmp_path):
     assert bprof("calibrate", "--db", tmp_path / "s.duckdb", "--threads", "0").returncode == 2
 
 
-BLOCK_TORCH = """
-import sys
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == 'torch' or name.startswith('torch.'):
-            raise ImportError('torch is blocked in this test')
-sys.meta_path.insert(0, Block())
-from bprof.cli.main import main
+BLOCK_TORCH = TORCH_BLOCKER + """from bprof.cli.main import main
 sys.exit(main(['calibrate', '--db', sys.argv[1]]))
 """
 
@@ -106,6 +100,7 @@ def test_without_torch_says_how_to_install_it(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().endswith("calibration needs torch: pip install 'bprof[capture]'")
+    assert list(tmp_path.iterdir()) == []   # nothing measured, so no store created
 
 
 @pytest.mark.gpu

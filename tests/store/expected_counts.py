@@ -58,12 +58,23 @@ def expected(path: Path) -> dict:
     device_name = "cpu"
     if devices:
         index = devices.most_common(1)[0][0]
-        device_name = next(p["name"] for p in trace["deviceProperties"] if p["id"] == index)
+        # None where the trace lists no properties for that device (sampled traces drop them)
+        device_name = next((p["name"] for p in trace.get("deviceProperties") or [] if p["id"] == index), None)
     steps = {e["name"] for e in events if e.get("cat") in CPU_CATS and str(e.get("name", "")).startswith("ProfilerStep#")}
 
     c10d = [e for e in events if e.get("cat") == "cpu_op" and e["name"].startswith("c10d::") and "wait" not in e["name"]]
     calls = Counter(op_of(e["name"]) for e in c10d)
-    # NCCL kernels whose launch is not inside any c10d call of the same thread: kernel-only rows
+
+    def within(e, c):
+        return c["tid"] == e["tid"] and c["ts"] <= e["ts"] and e["ts"] + e.get("dur", 0) <= c["ts"] + c["dur"]
+
+    # traces of 2022 and before trace no c10d op around torch's nccl:<op> range (the record_function
+    # in ProcessGroupNCCL): that range is the call, and names its op and input
+    nccl_ranges = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")
+                   and str(e.get("name", "")).startswith("nccl:") and not any(within(e, c) for c in c10d)]
+    calls.update(op_of(e["name"]) for e in nccl_ranges)
+    owners = c10d + nccl_ranges
+    # NCCL kernels whose launch is not inside any c10d call (or bare nccl: range) of the same thread: kernel-only rows
     launches = {}
     for e in sorted((e for e in events if e.get("cat") in LAUNCH_CATS and "correlation" in e.get("args", {})),
                     key=lambda e: -e["ts"]):
@@ -73,7 +84,7 @@ def expected(path: Path) -> dict:
             continue
         launch = launches.get(k["args"].get("correlation"))
         inside = launch is not None and any(
-            c["tid"] == launch["tid"] and c["ts"] <= launch["ts"] <= c["ts"] + c["dur"] for c in c10d)
+            c["tid"] == launch["tid"] and c["ts"] <= launch["ts"] <= c["ts"] + c["dur"] for c in owners)
         if not inside:
             calls[op_of(k["name"])] += 1
     if not c10d:  # CPU-only traces without c10d ops: the gloo worker ranges are the calls
@@ -103,6 +114,7 @@ def expected(path: Path) -> dict:
                         and r["ts"] + r["dur"] <= c["ts"] + c["dur"]), key=lambda r: r["ts"])
         nelems = (inner[0].get("args") or {}).get("In msg nelems") if inner else None
         c10d_elems[(op_of(c["name"]), nelems if nelems is not None else first_input_elems(c.get("args") or {}))] += 1
+    range_elems = Counter((op_of(e["name"]), first_input_elems(e.get("args") or {})) for e in nccl_ranges)
     # send/recv messages by (sender, receiver), from the peer torch writes on each side
     p2p = Counter()
     for r in rpcs:
@@ -124,5 +136,86 @@ def expected(path: Path) -> dict:
         "num_wait_records": waits,
         "kernel_steps": dict(kernel_steps),
         "c10d_elems": dict(c10d_elems),
+        "nccl_range_elems": dict(range_elems),  # (op, input elements) of the bare nccl:<op> range calls
         "p2p_messages": dict(p2p),  # (send | recv, sender, receiver) -> calls
+    }
+
+
+# ---- device time, from the raw JSON (exact ns), for the corpus of real traces (tests/real) ----
+
+DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
+               "gpu_memset": "memset", "Memset": "memset"}
+
+
+def load_exact(path: Path) -> dict:
+    """The trace with every number that has a fraction kept as a Decimal (no float rounding)."""
+    from decimal import Decimal
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f, parse_float=Decimal)
+
+
+def to_ns(us) -> int:
+    """Microseconds as written (int or Decimal) to integer ns, keeping 3 decimals as DuckDB's
+    DECIMAL(22,3) does (half away from zero)."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return int((Decimal(us) * 1000).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
+def device_intervals(trace: dict) -> dict[str, list[tuple[int, int]]]:
+    """[start_ns, end_ns) of every kernel, memcpy and memset, by kind, on the epoch scale."""
+    base = int(trace.get("baseTimeNanoseconds") or 0)
+    out: dict[str, list[tuple[int, int]]] = {"kernel": [], "memcpy": [], "memset": []}
+    for e in trace["traceEvents"]:
+        kind = DEVICE_CATS.get(e.get("cat"))
+        if kind is None or e.get("ph") != "X":
+            continue
+        start = base + to_ns(e["ts"])
+        out[kind].append((start, start + to_ns(e.get("dur", 0))))
+    return out
+
+
+def union_ns(intervals, lo: int | None = None, hi: int | None = None) -> int:
+    """Length of the union of [start, end) intervals, clipped to [lo, hi) when given."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if lo is not None:
+            start = max(start, lo)
+        if hi is not None:
+            end = min(end, hi)
+        if end <= start:
+            continue
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def busy_ns(trace: dict, lo: int | None = None, hi: int | None = None) -> int:
+    """Device busy time: the union of kernel, memcpy and memset intervals on every stream."""
+    return union_ns([iv for ivs in device_intervals(trace).values() for iv in ivs], lo, hi)
+
+
+COMM_KERNEL = re.compile(r"^(void )?(nccl|rccl)", re.IGNORECASE)
+
+
+def device_counts(trace: dict) -> dict:
+    """Device events by kind, NCCL/RCCL-named kernels, and the device span (first start, last end)."""
+    ivs = device_intervals(trace)
+    every = [iv for kind in ivs.values() for iv in kind]
+    names = [e["name"] for e in trace["traceEvents"]
+             if DEVICE_CATS.get(e.get("cat")) == "kernel" and e.get("ph") == "X"]
+    return {
+        "kernels": len(ivs["kernel"]),
+        "memcpy": len(ivs["memcpy"]),
+        "memset": len(ivs["memset"]),
+        "comm_kernels": sum(1 for n in names if COMM_KERNEL.match(n)),
+        "first_ns": min((s for s, _ in every), default=None),
+        "last_ns": max((e for _, e in every), default=None),
+        "busy_ns": union_ns(every),
     }

@@ -23,6 +23,8 @@ from bprof.whatif.run import whatif
 from bprof.whatif.scenarios import Scale, segment_model_steps
 from tests.analyzers import recorded
 
+# Steps are measured on the device (issue 21): where it lags, a step's span starts after its CPU
+# calls, which the graph anchors to the step's start on the host instead
 GPU_FOLDERS = ["a100_ddp_nccl_rank0", "a100_ws16_rank0", "v100_ns_resolution_rank0", "mi250_rocm_minitoy",
                "v100_resnet50_legacy_2021"]
 

@@ -4,9 +4,9 @@ Adding a page is a new module and one line in PAGES."""
 
 from __future__ import annotations
 
-from bprof.dashboards.pages import comm, compare, kernels, overview, ranks, runs, timeline, whatif
+from bprof.dashboards.pages import comm, compare, kernels, overview, ranks, runs, timeline, watch, whatif
 
-PAGES = [runs, overview, ranks, comm, kernels, timeline, whatif, compare]
+PAGES = [runs, overview, ranks, comm, kernels, timeline, whatif, compare, watch]
 
 
 def page_for(path: str | None):
