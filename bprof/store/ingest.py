@@ -26,7 +26,7 @@ from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.exec_trace import load_exec_traces
 from bprof.store.kineto_file import NotATrace, SplitTrace, split_trace
 from bprof.store.limits import set_memory_limit
-from bprof.store.reduce import check_one_run, load_reduced, read_manifest
+from bprof.store.reduce import check_one_run, file_sha256, load_reduced, read_manifest
 from bprof.store.sqlfile import run_sql_file
 
 _MALFORMED = re.compile(r'file "([^"]+)", at byte (\d+)(?: in record/value \d+)?: (.*)', re.DOTALL)
@@ -443,18 +443,6 @@ def _pinpoint(array_path: Path) -> tuple[int, str | None]:
                     i = 0
                     continue
                 return consumed + len(text[:exc.pos].encode()), exc.msg.lower()
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256, read in 8 MiB chunks; an unreadable file is a DataError naming it."""
-    h = hashlib.sha256()
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-    return h.hexdigest()
 
 
 def _hash_files(files: tuple[Path, ...], workers: int) -> dict[Path, str]:

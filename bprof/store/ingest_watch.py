@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 
 from bprof.errors import DataError
-from bprof.store.ingest import file_sha256
+from bprof.store.reduce import file_sha256
 from bprof.watch import files
 
 STEP_COLUMNS = ("iteration", "start_ns", "end_ns", "step_ns", "busy_ns", "data_wait_ns", "data_idle_ns", "gc_ns",

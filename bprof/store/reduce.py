@@ -84,10 +84,14 @@ def reduced_dirs(directory: Path) -> tuple[Path, ...]:
 
 
 def file_sha256(path: Path) -> str:
+    """The file's sha256, read in 8 MiB chunks; an unreadable file is a DataError naming it."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
     return h.hexdigest()
 
 
