@@ -1,5 +1,6 @@
 """`bprof report RUN --html FILE`: one self-contained HTML file (plotly.js inlined, no network) with
-the pages marked IN_HTML (overview, ranks, communication, kernels), from the same sections as the
+the pages marked IN_HTML (overview, ranks, communication, kernels, what-if; between windows for a
+window run of a watched recording), from the same sections as the
 Dash app. Every trace-derived text is HTML-escaped."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import duckdb
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from bprof.dashboards.pages import PAGES
+from bprof.dashboards.pages import PAGES, in_html
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.read import run_info
 from bprof.dashboards.sections import MAX_TABLE_ROWS, Chart, Details, Download, Link, Numbers, Section, Table, Text, View, css
@@ -21,7 +22,7 @@ def export_html(con: duckdb.DuckDBPyConnection, run_id: int, path: Path) -> dict
     """Write the report of one run to `path`; returns what was written (pages, charts, bytes)."""
     view = with_defaults(con, View(run_id))
     run = run_info(con, run_id)
-    pages = [p for p in PAGES if p.IN_HTML]
+    pages = [p for p in PAGES if in_html(p, con, run_id)]
     body, charts = [], 0
     for page in pages:
         sections = page.sections(con, view)

@@ -33,7 +33,7 @@ class Numbers:
 @dataclass(frozen=True)
 class Link:
     """A table cell that leads to another page of the report with the controls set (query: run,
-    step, ranks). The static export has no such pages: it shows the text."""
+    step, ranks). The static export has no such pages: its cell is empty."""
     text: str
     path: str
     query: dict[str, str]

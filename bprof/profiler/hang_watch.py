@@ -10,6 +10,11 @@ Files under run/hang/ (the launcher side, hang_watchdog.py, reads them):
                            pg_config, so the members of each group come from torch.distributed here
   rank<R>.done             written last: the launcher waits for it
   rank<R>.exit             written at a Python exit (atexit); absent for a rank killed by a signal
+  rank<R>.sigterm.txt      every thread's stack, written from C when the rank receives SIGTERM after its
+                           first step (then the signal goes on to the handler it had, so it ends the
+                           rank as before, through the program's own SIGTERM handler if it has one):
+                           a rank gone without .exit and without this was killed outright (SIGKILL, a
+                           crash); one with it was stopped, by the launcher after a peer died, say
 A daemon thread polls for the request, so a main thread blocked in Python or in a collective
 that released the GIL still answers; SIGUSR2 makes faulthandler write all stacks from C
 (rank<R>.faulthandler.txt) for a rank whose GIL is held.
@@ -49,6 +54,7 @@ class RankWatch:
         self.step = 0
         self.last_beat = 0.0
         self._faulthandler_file = None
+        self._sigterm_file = None
 
     def start(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -61,6 +67,16 @@ class RankWatch:
         threading.Thread(target=self._serve, name="bprof-hang-watch", daemon=True).start()
         atexit.register(self._on_exit)
 
+    def _mark_sigterm(self) -> None:
+        """At the first step, when the program has set up its own SIGTERM handler if it has one (a
+        handler set later replaces this one, and the launcher falls back to the order of deaths):
+        faulthandler writes every stack from C, then chains to the handler the signal had."""
+        try:
+            self._sigterm_file = open(self.dir / f"rank{self.rank}.sigterm.txt", "w")  # noqa: SIM115 - held for the process
+            faulthandler.register(signal.SIGTERM, file=self._sigterm_file, all_threads=True, chain=True)
+        except (OSError, RuntimeError, ValueError):
+            self._sigterm_file = False  # not again
+
     def _on_exit(self) -> None:
         """A rank that ends through Python (return, exception, sys.exit) says so; one killed by a
         signal cannot, which is how the launcher tells a rank that died from one that stopped."""
@@ -71,6 +87,8 @@ class RankWatch:
 
     def _on_step(self, optimizer, args, kwargs) -> None:
         self.step += 1  # several optimizers per iteration beat more often: progress is what counts
+        if self._sigterm_file is None:
+            self._mark_sigterm()
         self.beat()
 
     def beat(self, force: bool = False) -> None:

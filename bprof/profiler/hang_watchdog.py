@@ -65,11 +65,13 @@ class Watchdog(threading.Thread):
         self.died = self._first_deaths(read_heartbeats(self.dir))
 
     def _first_deaths(self, beats: dict[int, dict]) -> dict[int, str]:
-        """After a failed job: the ranks killed by a signal (no exit marker) that were gone first;
-        torchrun stops the others after them. Written to ranks.json for `bprof hang`."""
+        """After a failed job: the ranks killed outright (gone with neither an exit marker nor a
+        SIGTERM stack: hang_watch) that were gone first; torchrun stops the others after them with
+        SIGTERM, which the same 0.1 s poll can see gone at once. Written to ranks.json for `bprof hang`."""
         if self.child.returncode in (0, None):
             return {}
-        killed = {r: t for r, t in self.gone_at.items() if not (self.dir / f"rank{r}.exit").exists()}
+        killed = {r: t for r, t in self.gone_at.items()
+                  if not (self.dir / f"rank{r}.exit").exists() and not _nonempty(self.dir / f"rank{r}.sigterm.txt")}
         if not killed:
             return {}
         first = min(killed.values())
@@ -142,6 +144,13 @@ class Watchdog(threading.Thread):
         while time.monotonic() < deadline and (self.child.poll() is None or any(_alive(p) for p in pids)):
             time.sleep(POLL_S)
         _signal_all(self.child, pids, signal.SIGKILL)
+
+
+def _nonempty(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def read_heartbeats(hang_dir: Path) -> dict[int, dict]:

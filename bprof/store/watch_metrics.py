@@ -9,8 +9,8 @@ What each Snapshot field is here, against the live one (bprof.watch.live.LiveWat
     data_wait, gc     summed over every row of the rank
     blocked_ns        summed over watch_groups per (rank, group, description)
     windows_triggered the rows of watch_triggers
-    model_flops       the window runs' declared model FLOPs a step, where one declared them (the live
-                      value, --model-flops, is not in the watch files)
+    model_flops       --model-flops as live had it (live.json options), else the window runs' declared
+                      model FLOPs a step, where one declared them
     median_step_ns    the median job step (slowest rank's) over the last RECENT_STEPS iterations past the
                       warm-up with no window open; live also leaves out slow steps its step rule held
 """
@@ -31,7 +31,8 @@ def snapshot(con: duckdb.DuckDBPyConnection, recording_id: int) -> Snapshot:
     source, newest, options = con.execute(
         "SELECT source_path, newest_complete_iteration, options FROM watch_recordings WHERE recording_id = ?",
         [recording_id]).fetchone()
-    warmup = int((json.loads(options) if options else {}).get("warmup", 0))
+    options = json.loads(options) if options else {}
+    warmup = int(options.get("warmup", 0))
     if newest is None:
         newest = con.execute("""SELECT min(last) FROM (SELECT max(iteration) AS last FROM watch_steps
                                 WHERE recording_id = ? GROUP BY rank)""", [recording_id]).fetchone()[0]
@@ -48,8 +49,9 @@ def snapshot(con: duckdb.DuckDBPyConnection, recording_id: int) -> Snapshot:
         SELECT rank, pg_name, pg_desc, sum(blocked_ns) FROM watch_groups WHERE recording_id = ?
         GROUP BY ALL ORDER BY ALL""", [recording_id]).fetchall()}
     triggered = con.execute("SELECT count(*) FROM watch_triggers WHERE recording_id = ?", [recording_id]).fetchone()[0]
-    flops = con.execute("""SELECT max(r.model_flops_per_step) FROM watch_windows w JOIN runs r USING (run_id)
-                           WHERE w.recording_id = ?""", [recording_id]).fetchone()[0]
+    flops = options.get("model_flops_per_step") or con.execute(
+        """SELECT max(r.model_flops_per_step) FROM watch_windows w JOIN runs r USING (run_id)
+           WHERE w.recording_id = ?""", [recording_id]).fetchone()[0]
     median_step = con.execute("""
         SELECT median(step_ns) FROM (
             SELECT iteration, max(step_ns) AS step_ns FROM watch_steps WHERE recording_id = $id AND iteration >= $warmup

@@ -51,6 +51,7 @@ class WatchOptions:
     trigger: bool = True
     flush_every: int = 10  # the ranks' rows per file (BPROF_WATCH_FLUSH_EVERY): how far they may be ahead
     poll_s: float = 0.2  # how often the record process reads the watch files
+    model_flops_per_step: float | None = None  # --model-flops; else what the ranks declare
 
 
 @dataclass
@@ -118,7 +119,6 @@ class LiveWatch:
         self.step_run = 0
         self.lock = threading.Lock()  # poll() runs in the record process's watch thread, snapshot() at scrapes
         self.run_name = self.run_dir.name
-        self.model_flops_per_step: float | None = None  # --model-flops; else what the ranks declare
         self.meta: dict[int, dict] = {}  # rank -> its newest steps file's metadata
 
     # -- reading ---------------------------------------------------------------------------
@@ -345,7 +345,7 @@ class LiveWatch:
                                  state.totals.get(rank, {}).get("data_wait_ns", 0),
                                  state.totals.get(rank, {}).get("gc_ns", 0)) for rank in sorted(self.rows)]
             steps = [ns for _, ns in state.steps_ns]
-            declared = self.model_flops_per_step or next(
+            declared = self.options.model_flops_per_step or next(
                 (m["model_flops_per_step"] for m in self.meta.values() if m.get("model_flops_per_step")), None)
             return Snapshot(self.run_name, state.newest_complete, ranks, dict(state.group_blocked_ns),
                             len(state.triggers), declared, statistics.median(steps) if steps else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -16,8 +17,9 @@ class WatchThread:
     def __init__(self, run_dir: Path, options: WatchOptions, metrics_port: int | None = None,
                  metrics_addr: str = "0.0.0.0", model_flops_per_step: float | None = None, out=None):
         self.out = out or sys.stderr
+        if model_flops_per_step is not None:
+            options = dataclasses.replace(options, model_flops_per_step=model_flops_per_step)
         self.live = LiveWatch(run_dir, options)
-        self.live.model_flops_per_step = model_flops_per_step
         self.metrics_port, self.metrics_addr = metrics_port, metrics_addr
         self.server = None
         self.stopping = threading.Event()

@@ -70,6 +70,13 @@ def test_dead_rank_is_named_from_the_launcher(recorded):
     v, culprits = _culprits(run_dir)
     assert culprits == [(1, "dead")]
     assert "rank 1 died" in v["verdict"]
+    # torchrun stops the peers with SIGTERM: each either exits through Python or, through the
+    # program's own handler (os._exit), leaves its SIGTERM stack; the dead rank leaves neither
+    hang = run_dir / "hang"
+    assert not (hang / "rank1.exit").exists() and (hang / "rank1.sigterm.txt").stat().st_size == 0
+    for r in (0, 2, 3):
+        sigterm = hang / f"rank{r}.sigterm.txt"
+        assert (hang / f"rank{r}.exit").exists() or "most recent call first" in sigterm.read_text(), r
 
 
 def test_rank_holding_the_gil_gets_a_native_stack(recorded):

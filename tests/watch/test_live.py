@@ -154,6 +154,20 @@ def test_mfu_is_served_where_flops_are_declared_and_every_rank_is_a_known_device
     assert "bprof_mfu" not in {f.name for f in text_string_to_metric_families(metrics.text(live.snapshot()))}
 
 
+def test_model_flops_given_to_bprof_record_win_over_the_ranks_and_are_kept_in_live_json(tmp_path):
+    from bprof.watch.runner import WatchThread
+
+    watch = WatchThread(tmp_path, WatchOptions(), model_flops_per_step=4.0e13)
+    live = watch.live
+    for rank in range(2):
+        live.add_rows(rank, rows(1, 20, lambda i: 5 * MS, step_ns=100 * MS), "h0")
+        live.meta[rank] = {"model_flops_per_step": 2.0e13}
+    live.score()
+    assert live.snapshot().model_flops_per_step == 4.0e13
+    live.save()
+    assert files.read_live(tmp_path)["options"]["model_flops_per_step"] == 4.0e13
+
+
 def test_hosts_take_the_highest_score_of_their_ranks(tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -13,7 +13,11 @@ from bprof.dashboards.sections import Chart, Link, Section, Table, Text, View
 PATH = "/watch"
 TITLE = "Between windows"
 CONTROLS = ("run",)
-IN_HTML = False  # the static export lists a fixed set of pages (tests/dashboards/test_report.py); the served report has it
+
+
+def IN_HTML(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:  # noqa: N802 - the pages' shared attribute
+    """The static export has this page for a window run of a watched recording only."""
+    return recording_of(con, run_id) is not None
 
 
 def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
@@ -33,10 +37,11 @@ def sections(con: duckdb.DuckDBPyConnection, view: View) -> list[Section]:
                                    t.seen_at_iteration, t.rule, t.reason, t.run_id, r.name AS run_name
                             FROM watch_triggers t LEFT JOIN runs r USING (run_id)
                             WHERE t.recording_id = ? ORDER BY t.trigger_index""", [recording])
-    out.append(Table("watch-triggers", "Windows the watch opened", ["window", "seen at", "rule", "reason", "run"],
+    out.append(Table("watch-triggers", "Windows the watch opened", ["window", "seen at", "rule", "reason", "run", "see"],
                      [[f"{t['start_iteration']}:{t['end_iteration']}", str(t["seen_at_iteration"]), t["rule"],
                        fmt.text(t["reason"]),
-                       Link(f"{t['run_id']} {t['run_name']}", "/", {"run": str(t["run_id"])}) if t["run_id"] is not None
-                       else "not captured"] for t in triggers],
+                       f"{t['run_id']} {t['run_name']}" if t["run_id"] is not None else "not captured",
+                       Link("overview", "/overview", {"run": str(t["run_id"])}) if t["run_id"] is not None else ""]
+                      for t in triggers],
                      note=None if triggers else "the watch opened no window"))
     return out
