@@ -32,7 +32,7 @@ import pyarrow as pa
 from bprof.analyzers.base import Finding, Options, Result, run_sql, severity_for, table_exists
 from bprof.whatif import graph
 from bprof.whatif.engine import StepGraph, _take
-from bprof.whatif.peers import PeerStep
+from bprof.whatif.peers import SYMMETRIC_OPS, PeerStep
 
 NAME = "stragglers"
 TABLES = ["stragglers_ranks"]
@@ -163,12 +163,12 @@ def _steps(con: duckdb.DuckDBPyConnection, run_id: int, steps: list[int], priced
             evidence.add(g, inst["ratio"][g.instance])
             del m
             stages = np.array([stage.get(r, -1) for r in g.span_rank.tolist()], dtype=np.int64)
-            yield PeerStep(g, role, stages, priced)
+            yield PeerStep(g, role, stages, priced, symmetric=inst["symmetric"].astype(bool))
 
 
 def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[dict, dict, dict]:
     """A step's complete instances (in dense order), their member rows, and the ranks' spans."""
-    def read(sql: str, params: list) -> dict[str, np.ndarray]:
+    def read(sql: str, params) -> dict[str, np.ndarray]:
         return {k: np.asarray(v) for k, v in con.execute(sql, params).fetchnumpy().items()}
 
     # the step's instances numbered 0.. by instance id: a window per step sorts in parallel, one
@@ -176,7 +176,8 @@ def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[
     con.execute("""CREATE OR REPLACE TEMP TABLE _st_step AS
                    SELECT *, CAST(row_number() OVER (ORDER BY instance_id) - 1 AS INTEGER) AS dense_id
                    FROM _st_instances WHERE step = ?""", [step])
-    inst = read("SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio FROM _st_step ORDER BY dense_id", [])
+    inst = read("""SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio, list_contains($symmetric, op) AS symmetric
+                   FROM _st_step ORDER BY dense_id""", {"symmetric": list(SYMMETRIC_OPS)})
     members = read("""
         SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
             -- what the member does: its op and group size; a send and a recv are different roles

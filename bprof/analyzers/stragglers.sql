@@ -52,7 +52,7 @@ WITH kinds AS (
     FROM collperf_instances c JOIN typical t ON t.op = c.op AND t.bytes IS NOT DISTINCT FROM c.bytes
     WHERE c.run_id = $run_id AND c.transfer_ns > 0
 )
-SELECT i.instance_id, i.step, i.is_p2p, i.src_rank, k.kind, t.ratio
+SELECT i.instance_id, i.step, i.is_p2p, i.src_rank, k.kind, t.ratio, i.op
 FROM match_instances i JOIN kinds k ON k.op = i.op AND k.group_size IS NOT DISTINCT FROM i.group_size
 LEFT JOIN transfer t USING (instance_id)
 WHERE i.run_id = $run_id AND i.status = 'complete';

@@ -271,36 +271,41 @@ def replay(g: StepGraph, work: np.ndarray | None = None, tail: np.ndarray | None
 def replay_in_order(g: StepGraph, work_in_order: np.ndarray, exit_after_in_order: np.ndarray, tail: np.ndarray) -> Replay:
     """replay() with work and exits already in replay order (x[g.rows_by_instance]): a caller
     replaying many variants of one step gathers once and changes a few entries per variant."""
-    none = np.zeros(0, dtype=np.int64)
+    none, one = np.zeros(0, dtype=np.int64), np.zeros(2, dtype=np.int64)
     exits = _replay_exits_many(g.instance_ptr, g.span_by_instance, work_in_order, exit_after_in_order, g.anchor_in_order,
-                               g.start_in_order, g.queue_in_order, g.span_start_ns, g.tail_anchor, none, none,
-                               np.zeros(2, dtype=np.int64))[:, 0]
+                               g.start_in_order, g.queue_in_order, g.span_start_ns, g.tail_anchor, none, none, one,
+                               none, none, one)[:, 0]
     ends = exits + np.asarray(tail, dtype=np.int64)
     step_ns = int(ends.max() - g.span_start_ns.min()) if len(ends) else 0
     return Replay(g.span_rank, ends, step_ns)
 
 
 def replay_many(g: StepGraph, work_in_order: np.ndarray, exit_in_order: np.ndarray,
-                changes: list[tuple[np.ndarray, np.ndarray, np.ndarray]], threads: int = 2) -> list[int]:
+                changes: list[tuple], threads: int = 2) -> list[int]:
     """The job's step (step_ns) replayed once per change, each change (positions in replay order,
-    their work there, tail per span rank) applied to the work alone: one walk over the rows for
-    all changes (the rows are read once, not once per change), the changes split over `threads`
-    threads (compiled, without the GIL)."""
+    their work there, tail per span rank[, positions in replay order, their exit after the last
+    arrival there]) applied to the work (and exits): one walk over the rows for all changes (the
+    rows are read once, not once per change), the changes split over `threads` threads (compiled,
+    without the GIL)."""
     if not changes:
         return []
     parts = [list(range(len(changes)))[k::threads] for k in range(min(threads, len(changes)))]
 
-    def walk(part: list[int]) -> np.ndarray:
-        at, work, counts = [], [], [0]
+    def sorted_changes(part: list[int], positions: int, values: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        at, value, counts = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)], [0]
         for i in part:
-            where = np.asarray(changes[i][0], dtype=np.int64)
+            change = changes[i]
+            where = np.asarray(change[positions] if len(change) > positions else [], dtype=np.int64)
             by_position = np.argsort(where, kind="stable")
             at.append(where[by_position])
-            work.append(np.asarray(changes[i][1], dtype=np.int64)[by_position])
+            value.append(np.asarray(change[values] if len(change) > values else [], dtype=np.int64)[by_position])
             counts.append(len(where))
+        return np.concatenate(at), np.concatenate(value), np.cumsum(counts)
+
+    def walk(part: list[int]) -> np.ndarray:
         return _replay_exits_many(g.instance_ptr, g.span_by_instance, work_in_order, exit_in_order, g.anchor_in_order,
                                   g.start_in_order, g.queue_in_order, g.span_start_ns, g.tail_anchor,
-                                  np.concatenate(at), np.concatenate(work), np.cumsum(counts))
+                                  *sorted_changes(part, 0, 1), *sorted_changes(part, 3, 4))
 
     if len(parts) > 1:
         with ThreadPoolExecutor(len(parts)) as pool:
@@ -318,7 +323,7 @@ def replay_many(g: StepGraph, work_in_order: np.ndarray, exit_in_order: np.ndarr
 
 @numba.njit(cache=True, nogil=True)
 def _replay_exits_many(ptr, span, work, exit_after, anchor, start, queue, span_start, tail_anchor, change_at,
-                       change_work, change_ptr):  # pragma: no cover - compiled
+                       change_work, change_ptr, change_exit_at, change_exit, change_exit_ptr):  # pragma: no cover - compiled
     """Algorithm: instances in the order of their measured last arrival (a topological order: a
     member's anchors are earlier rows of its chain, and an exit follows its instance's last
     arrival); the arrays hold the member rows in that order, so the walk reads them in sequence. A
@@ -328,14 +333,16 @@ def _replay_exits_many(ptr, span, work, exit_after, anchor, start, queue, span_s
     ring) for the anchors to read. Several variants of the work at once (variant t replaces the work
     at positions change_at[change_ptr[t]:change_ptr[t + 1]], ascending; one variant without changes
     is the plain replay): each span rank keeps one ring per variant, side by side, so a row is read
-    once for all of them. Returns the replayed anchor of each span rank's end (its span start when it
-    joined nothing), one column per variant."""
+    once for all of them. Variant t may also replace the exit after the last arrival at positions
+    change_exit_at[change_exit_ptr[t]:change_exit_ptr[t + 1]], ascending. Returns the replayed anchor
+    of each span rank's end (its span start when it joined nothing), one column per variant."""
     variants = len(change_ptr) - 1
     depth = ANCHOR_DEPTH
     ring_issue = np.empty((len(span_start), variants, depth), dtype=np.int64)
     ring_exit = np.empty((len(span_start), variants, depth), dtype=np.int64)
     count = np.zeros(len(span_start), dtype=np.int64)
     cursor = change_ptr[:-1].copy()
+    exit_cursor = change_exit_ptr[:-1].copy()
     latest = np.empty(variants, dtype=np.int64)
     widest = 0
     for k in range(len(ptr) - 1):
@@ -364,7 +371,12 @@ def _replay_exits_many(ptr, span, work, exit_after, anchor, start, queue, span_s
             slot = count[s] % depth
             for t in range(variants):
                 ring_issue[s, t, slot] = issued[j - ptr[k], t]
-                ring_exit[s, t, slot] = latest[t] + exit_after[j]
+                e = exit_after[j]
+                c = exit_cursor[t]
+                if c < change_exit_ptr[t + 1] and change_exit_at[c] == j:
+                    e = change_exit[c]
+                    exit_cursor[t] = c + 1
+                ring_exit[s, t, slot] = latest[t] + e
             count[s] += 1
     out = np.empty((len(span_start), variants), dtype=np.int64)
     for s in range(len(span_start)):

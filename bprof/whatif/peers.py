@@ -16,7 +16,11 @@ import statistics
 import numba
 import numpy as np
 
-from bprof.whatif.engine import StepGraph, _counting_sort, replay_in_order, replay_many, replay_positions, work_segments
+from bprof.whatif.engine import (StepGraph, _counting_sort, exit_offsets, replay_in_order, replay_many, replay_positions,
+                                 work_segments)
+
+# Collectives after which every member has the result once the last one arrived (as clock.sql's exits).
+SYMMETRIC_OPS = ("all_reduce", "all_gather", "reduce_scatter", "barrier")
 
 
 class PeerStep:
@@ -31,8 +35,10 @@ class PeerStep:
     kind on the ranks of its signature (chain order can differ between ranks when several
     collectives are in flight), and the tail after the last one with their tails."""
 
-    def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int]):
+    def __init__(self, g: StepGraph, role: np.ndarray, stage: np.ndarray, priced: set[int],
+                 symmetric: np.ndarray | None = None):
         self.g = g
+        self.symmetric = symmetric  # per dense instance: a symmetric collective (SYMMETRIC_OPS)
         work, _ = work_segments(g)  # by rank (chain order): the peers' work is compared there
         self.work_in_order, self.exit_in_order, self.tail = g.work_in_order, g.exit_in_order, g.tail_ns
         idx = g.rows_by_instance.dtype  # int32 below 2^31 rows (20 million per step at 10,240 ranks)
@@ -93,25 +99,35 @@ class PeerStep:
             out[i] = self.step_ns - step_ns
         return out
 
-    def like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(work in replay order, tail per span rank) with `ranks` working like the median of the
-        other ranks of their signature."""
-        at, work, new_tail = self._like_peers(ranks)
+    def like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(work in replay order, tail per span rank, exit after the last arrival in replay order)
+        with `ranks` working like the median of the other ranks of their signature."""
+        at, work, new_tail, exit_at, exits = self._like_peers(ranks)
         work_in_order = self.work_in_order.copy()
         work_in_order[at] = work
-        return work_in_order, new_tail
+        exit_in_order = self.exit_in_order.copy()
+        exit_in_order[exit_at] = exits
+        return work_in_order, new_tail, exit_in_order
 
-    def _like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """like_peers() as the positions in replay order whose work changes, their new work, and the
-        tail per span rank."""
+    def _like_peers(self, ranks: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """like_peers() as the positions in replay order whose work changes, their new work, the
+        tail per span rank, and the positions in replay order whose exit changes with their exits.
+
+        Working like its peers, a rank also leaves a symmetric collective (all-reduce, all-gather,
+        reduce-scatter, barrier: every member has the result once the last one arrived) no later
+        than the instance's first member leaves it: a later exit of its own is its host slow to
+        resume - on CPU ranks, its gloo thread closing the collective while the rank's own extra
+        work holds the cores - which working like its peers removes (measured, tests/programs:
+        a DDP straggler's last buckets closed 8-16 ms after its peer's)."""
         g = self.g
         chosen = np.isin(g.span_rank, list(ranks))
         spans = np.flatnonzero(chosen)
         rows = (np.concatenate([np.arange(self.rank_start[i], self.rank_start[i + 1]) for i in spans.tolist()])
                 if len(spans) else np.zeros(0, dtype=np.int64))
         new_tail = self.tail.copy()
+        exit_at, exits = self._first_exits(rows)
         if not len(rows):
-            return rows, self.work_in_order[rows], new_tail
+            return rows, self.work_in_order[rows], new_tail, exit_at, exits
         sub = np.minimum(np.searchsorted(self.rows, rows), max(len(self.rows) - 1, 0))  # rows -> index in self.rows
         if not len(self.rows) or (self.rows[sub] != rows).any():
             raise ValueError(f"ranks {sorted(ranks)} were not among the ranks this step was built to price")
@@ -128,7 +144,26 @@ class PeerStep:
             peers = (self.sig == sig) & ~chosen
             if peers.any():
                 new_tail[(self.sig == sig) & chosen] = int(statistics.median(self.tail[peers].tolist()))
-        return replay_positions(self.g, rows), work, new_tail
+        return replay_positions(self.g, rows), work, new_tail, exit_at, exits
+
+    def _first_exits(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of `rows` (chain order), those in symmetric instances that leave later than the
+        instance's first member: their positions in replay order and that first exit."""
+        empty = np.zeros(0, dtype=np.int64)
+        if self.symmetric is None or not len(rows):
+            return empty, empty
+        g = self.g
+        exits = self._row_exits
+        first = np.full(len(g.instance_ids), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, g.instance, exits)
+        inst = g.instance[rows]
+        later = self.symmetric[inst] & (exits[rows] > first[inst])
+        return replay_positions(g, rows[later]), first[inst[later]]
+
+    @functools.cached_property
+    def _row_exits(self) -> np.ndarray:
+        """Each member row's measured exit after its instance's last arrival (chain order)."""
+        return exit_offsets(self.g)
 
     @functools.cached_property
     def order_position(self) -> np.ndarray:

@@ -6,9 +6,10 @@ after the parts before it ("no-stragglers+scale:gemm=0.8"):
 - `no-stragglers`: the ranks the straggler analysis flagged (stragglers_ranks.flagged) work like
   the median of their peers (bprof.whatif.peers: same pipeline stage, same count of each collective
   kind): each of their work segments becomes the median of that segment (the same occurrence of the
-  same collective kind) over the other peers, their tail the peers' median tail: the counterfactual
-  the straggler findings price, applied to all flagged ranks at once. Healthy ranks keep their own
-  work (and its noise), transfers stay as measured.
+  same collective kind) over the other peers, their tail the peers' median tail, and they leave a
+  symmetric collective (all-reduce, all-gather, reduce-scatter, barrier) no later than its first
+  member: the counterfactual the straggler findings price, applied to all flagged ranks at once.
+  Healthy ranks keep their own work (and its noise), transfers stay as measured.
 - `scale:X=F`: the GPU work of kernel class X (a catalogue class: gemm, attention, norm, ...) or of
   the kernel/op named X takes F (> 0) x its time. On a rank that ran kernels in the step, each
   work segment changes by what the rank's launch-level graph of its captured steps
@@ -74,7 +75,7 @@ from bprof.errors import UsageError
 from bprof.kernels.classify import FINE_CLASSES, classify_many
 from bprof.whatif import device_graph, scaleout
 from bprof.whatif.graph import StepModel, cause_gaps, matched_time
-from bprof.whatif.peers import PeerStep
+from bprof.whatif.peers import SYMMETRIC_OPS, PeerStep
 from bprof.whatif.pipeline import Pipeline, stage_ends, stage_times
 from bprof.whatif.scaleout import DP_DIMS
 
@@ -134,17 +135,19 @@ class NoStragglers(Part):
         present = set(self.ranks) & set(m.g.span_rank.tolist())
         if not present:
             return
-        peers = PeerStep(m.g, m.role, m.stage, present)
-        work_in_order, tail = peers.like_peers(present)
-        # the change to the measured work, added to the state as it stands (parts compose)
+        peers = PeerStep(m.g, m.role, m.stage, present, symmetric=np.isin(m.op, SYMMETRIC_OPS))
+        work_in_order, tail, exit_in_order = peers.like_peers(present)
+        # the change to the measured work and exits, added to the state as it stands (parts compose)
         s.work = s.work + (work_in_order[peers.order_position] - m.work)
         s.tail = s.tail + (tail - m.tail)
+        s.exit_after = s.exit_after + (exit_in_order[peers.order_position] - m.exit_after)
 
     def assumption(self):
         who = f"ranks {self.ranks}" if self.ranks else "no rank (the straggler analysis flagged none: nothing changes)"
         return (f"no-stragglers: {who} flagged by the straggler analysis work between collectives like the median of "
-                "their peers (same pipeline stage and collectives, the same segment of the step), as the straggler "
-                "findings price them; the other ranks and all transfers as measured")
+                "their peers (same pipeline stage and collectives, the same segment of the step) and leave a symmetric "
+                "collective no later than its first member does, as the straggler findings price them; the other ranks "
+                "and all transfers as measured")
 
 
 class NoHostGaps(Part):

@@ -135,8 +135,38 @@ def test_gains_in_one_walk_are_each_sets_own_replay_and_leave_the_step_as_it_was
     sets = [{5}, {0}, {1, 5}, {2}, {3, 4}]
     expected = []
     for s in sets:  # each set replayed on its own, the plain way
-        work_in_order, tail = step.like_peers(s)
+        work_in_order, tail, exit_in_order = step.like_peers(s)
+        assert np.array_equal(exit_in_order, step.exit_in_order)  # no symmetric flags given: exits stay
         expected.append(step.step_ns - replay_in_order(g, work_in_order, step.exit_in_order, tail).step_ns)
     assert step.gains(sets) == expected == [step.gain(s) for s in sets]
     assert step.gains(sets, threads=3) == expected
     assert expected[0] > 0 and np.array_equal(step.work_in_order, before)
+
+
+def test_a_rank_working_like_its_peers_leaves_a_symmetric_collective_with_its_first_member():
+    """Rank 5 arrives late and also leaves every all-reduce 150 ns after the others (its host slow to
+    resume). Working like its peers, it leaves with the first member: the gain is the plain replay
+    with those exits, larger than with its own exits, and the same in one walk of many sets."""
+    from bprof.whatif.peers import PeerStep
+
+    rng = np.random.default_rng(4)
+    ranks, n_inst = 8, 300
+    dense = np.repeat(np.arange(n_inst), ranks)
+    rank = np.tile(np.arange(ranks, dtype=np.int32), n_inst)
+    arrival = dense * 1000 + rng.integers(0, 300, len(dense)) + (rank == 5) * 200
+    end = dense * 1000 + 600 + (rank == 5) * 150
+    g = StepGraph.build(dense, rank, arrival, end, np.arange(ranks), np.zeros(ranks),
+                        np.full(ranks, n_inst * 1000 + 300), instance_ids=np.arange(n_inst))
+    role, stage = np.zeros(len(dense), dtype=np.int64), np.zeros(ranks, dtype=np.int64)
+    plain = PeerStep(g, role, stage, set(range(ranks)))
+    step = PeerStep(g, role, stage, set(range(ranks)), symmetric=np.ones(n_inst, dtype=bool))
+    work_in_order, tail, exit_in_order = step.like_peers({5})
+    moved = exit_in_order != step.exit_in_order
+    # exactly rank 5's rows, each moved to its instance's first exit, 150 ns earlier
+    assert np.array_equal(np.flatnonzero(moved), np.flatnonzero(g.rank[g.rows_by_instance] == 5))
+    assert np.array_equal(step.exit_in_order[moved] - exit_in_order[moved], np.full(n_inst, 150))
+    expected = step.step_ns - replay_in_order(g, work_in_order, exit_in_order, tail).step_ns
+    sets = [{5}, {0}, {1, 5}]
+    gains = step.gains(sets)
+    assert gains[0] == expected == step.gain({5}) and gains == step.gains(sets, threads=3)
+    assert gains[0] > plain.gain({5}) and gains[1] == plain.gain({0})
