@@ -96,6 +96,10 @@ class Recorder:
         self.handle = register_optimizer_step_post_hook(self._on_optimizer_step)
         self.p2p = P2PLog(self.rank if self.who else None)  # None: the process group's rank, at each call
         self.p2p.install()
+        if os.environ.get("BPROF_WATCH"):  # the model is made before the first step, where the watch starts
+            from bprof.profiler.watch_rank import watch_ddp_modules
+
+            watch_ddp_modules()
         if self.who is not None:
             self._watch_hangs()
         atexit.register(self.close)  # metadata is written once a window starts or is declined

@@ -2,7 +2,7 @@
 
 At every iteration boundary (the optimizer-step hook of rank_hook) the rank appends one row to a
 ring in memory: the iteration's wall time, its busy time, the time it waited for data, paused in
-Python's garbage collector and blocked in collectives it called from Python, and whether a trace
+Python's garbage collector and blocked in collectives (below: which), and whether a trace
 window was open. Every `flush_every` rows, or `flush_s` seconds, whichever comes first, the ring is
 written as one Parquet file, under a temporary name then renamed, so a reader never sees half a
 file (bprof.watch.files reads them; its docstring lists the columns).
@@ -12,8 +12,13 @@ What each column can see, by backend:
   CPU rank, its compute and Python, none of its waits (gloo's waits sleep). On a CUDA rank the
   device's work is not in it; bprof has no device-side busy time between windows yet.
 - blocked_ns counts the collectives the script calls from Python: a synchronous call's duration and
-  an async Work's wait(). DDP's reducer issues and waits in C++, so a DDP rank's waits are not in it
-  (its busy time still shows them as the CPU time they do not take).
+  an async Work's wait(). DDP's reducer issues its buckets from autograd hooks and waits for them in
+  C++ at the end of backward, out of Python's sight: on a CPU rank, the time the training thread is
+  off the CPU inside backward (wall minus thread CPU time, less the Python waits above) is counted
+  as blocked in the DDP module's process group. That is the wait for the buckets' all-reduces, plus
+  any time the thread was runnable but preempted on an oversubscribed host. On a CUDA rank backward
+  runs on autograd's device threads and the host does not wait for the buckets, so nothing is
+  counted there; the device's collective time needs a trace window.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ class WatchLog:
         self.data_idle_ns = 0
         self.gc_ns = 0
         self.blocked_ns: dict[tuple[str, str], list[int]] = {}  # (group name, desc) -> [ns, calls]
+        self.blocked_total_ns = 0  # every add_blocked ever, to take the Python waits out of backward's
         self._gc_start_ns = 0
         self.model_flops_per_step: float | None = None  # declared (bprof.set_model_flops or --model-flops)
         self.device_properties: dict | None = None  # a CUDA rank's device, as Kineto's deviceProperties say it
@@ -66,6 +72,7 @@ class WatchLog:
         gc.callbacks.append(self._on_gc)
         _wrap_data_loader(self)
         _wrap_collectives(self)
+        _wrap_backward(self)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -83,6 +90,7 @@ class WatchLog:
             acc = self.blocked_ns.setdefault(group, [0, 0])
             acc[0] += ns
             acc[1] += 1
+            self.blocked_total_ns += ns
 
     # -- rows --------------------------------------------------------------------------------
     def boundary(self, iteration: int, windowed: bool) -> None:
@@ -231,7 +239,7 @@ def _wrap_collectives(log: WatchLog) -> None:
         work.wait = wait
 
 
-_inside = threading.local()  # .collective: a synchronous collective's wrapper runs on this thread
+_inside = threading.local()  # .collective / .backward: a synchronous collective's wrapper / backward runs on this thread
 
 
 def _timed_collective(fn, log: WatchLog):
@@ -253,6 +261,63 @@ def _timed_collective(fn, log: WatchLog):
 
     wrapper._bprof_watch = True
     return wrapper
+
+
+_DDP_GROUPS: list[tuple[str, str]] = []  # the process groups of the DDP modules made so far, in order
+
+
+def watch_ddp_modules() -> None:
+    """Note the process group of every DistributedDataParallel module made from now on. Called when
+    torch is imported (the model is built before the first step, where the WatchLog is made)."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return
+    original = DistributedDataParallel.__init__
+    if getattr(original, "_bprof_watch", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        try:
+            group = _group_of(self.process_group)
+            if group not in _DDP_GROUPS:
+                _DDP_GROUPS.append(group)
+        except Exception:  # bookkeeping must never break the user's model
+            pass
+
+    __init__._bprof_watch = True
+    DistributedDataParallel.__init__ = __init__
+
+
+def _wrap_backward(log: WatchLog) -> None:
+    """Count a CPU rank's sleep inside torch.autograd.backward (Tensor.backward calls it) as blocked
+    in its DDP module's process group, once the script has made one (the module docstring says why)."""
+    import torch
+    import torch.autograd
+
+    original = torch.autograd.backward
+    if getattr(original, "_bprof_watch", False):
+        return
+
+    @functools.wraps(original)
+    def backward(*args, **kwargs):
+        if not _DDP_GROUPS or getattr(_inside, "backward", False) or torch.cuda.is_initialized():
+            return original(*args, **kwargs)  # a nested backward (reentrant checkpointing) is in the outer one
+        t0, cpu0, python0 = time.perf_counter_ns(), time.thread_time_ns(), log.blocked_total_ns
+        _inside.backward = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _inside.backward = False
+            asleep_ns = (time.perf_counter_ns() - t0) - (time.thread_time_ns() - cpu0)
+            asleep_ns -= log.blocked_total_ns - python0  # Python's own waits (FSDP's, a hook's) are counted already
+            if asleep_ns > 0:
+                log.add_blocked(_DDP_GROUPS[0], asleep_ns)
+
+    backward._bprof_watch = True
+    torch.autograd.backward = backward
 
 
 def _group_of(group) -> tuple[str, str]:

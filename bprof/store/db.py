@@ -13,7 +13,7 @@ import duckdb
 
 from bprof.errors import DataError, UsageError
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 DEFAULT_DB = Path("bprof.duckdb")
 
 # version N -> SQL that turns a version-N store into version N+1. Each step repeats what schema.sql
@@ -614,6 +614,13 @@ COMMENT ON COLUMN watch_scores.peers_own_ns IS 'Median over the same iterations 
 COMMENT ON COLUMN watch_scores.excess_ns IS 'Median of own minus peers'' own time (negative: faster than its peers).';
 COMMENT ON COLUMN watch_scores.score IS 'Median of own over peers'' own time: the straggler score (bprof_straggler_score).';
 COMMENT ON COLUMN watch_scores.num_slow_iterations IS 'Consecutive iterations, up to the newest, the rank met the rank rule (live.json slow_run).';
+""",
+    # 11 -> 12: comments only: watch_groups counts DDP's reducer waits on a CPU rank
+    11: """
+COMMENT ON COLUMN watch_steps.blocked_ns IS 'Time blocked in collectives: synchronous calls and async Work.wait() from Python; on a CPU rank also DDP''s reducer''s wait at the end of backward (the sum of the iteration''s watch_groups rows).';
+COMMENT ON TABLE watch_groups IS 'Blocked collective time per rank, attempt, iteration and process group (the groups Parquet files): collectives called from Python, and on a CPU rank DDP''s reducer waits; only groups with calls in the iteration have a row.';
+COMMENT ON COLUMN watch_groups.blocked_ns IS 'Time blocked in the group''s collectives in the iteration: synchronous calls from Python and async Work.wait() (group "async"), plus, on a CPU rank, the training thread''s time off the CPU inside backward in a DDP module''s group (its reducer''s wait for the buckets; preemption on an oversubscribed host counts too).';
+COMMENT ON COLUMN watch_groups.num_calls IS 'Number of those calls; a backward pass counts as one call of its DDP module''s group (the files'' calls column).';
 """,
 }
 

@@ -731,7 +731,7 @@ COMMENT ON COLUMN watch_steps.busy_ns IS 'CPU time of the training thread in the
 COMMENT ON COLUMN watch_steps.data_wait_ns IS 'Wall time in DataLoader iterators'' __next__.';
 COMMENT ON COLUMN watch_steps.data_idle_ns IS 'The part of data_wait_ns the training thread slept (waiting for loader workers); busy_ns + data_idle_ns is the rank''s own time the live score compares.';
 COMMENT ON COLUMN watch_steps.gc_ns IS 'Python garbage-collector pauses.';
-COMMENT ON COLUMN watch_steps.blocked_ns IS 'Time in collectives called from Python (synchronous calls, async Work.wait()); DDP''s reducer waits in C++ and is not in it.';
+COMMENT ON COLUMN watch_steps.blocked_ns IS 'Time blocked in collectives: synchronous calls and async Work.wait() from Python; on a CPU rank also DDP''s reducer''s wait at the end of backward (the sum of the iteration''s watch_groups rows).';
 COMMENT ON COLUMN watch_steps.windowed IS 'A trace window was open in the iteration (its profiler''s cost is in the row).';
 
 CREATE TABLE watch_groups (
@@ -745,15 +745,15 @@ CREATE TABLE watch_groups (
     num_calls BIGINT NOT NULL,
     PRIMARY KEY (recording_id, rank, attempt, iteration, pg_name, pg_desc)
 );
-COMMENT ON TABLE watch_groups IS 'Blocked collective time per rank, attempt, iteration and process group (the groups Parquet files); only groups with calls in the iteration have a row.';
+COMMENT ON TABLE watch_groups IS 'Blocked collective time per rank, attempt, iteration and process group (the groups Parquet files): collectives called from Python, and on a CPU rank DDP''s reducer waits; only groups with calls in the iteration have a row.';
 COMMENT ON COLUMN watch_groups.recording_id IS 'Recording (watch_recordings.recording_id).';
 COMMENT ON COLUMN watch_groups.rank IS 'Global rank.';
 COMMENT ON COLUMN watch_groups.attempt IS 'The launcher''s attempt (watch_steps.attempt).';
 COMMENT ON COLUMN watch_groups.iteration IS 'Iteration (watch_steps.iteration).';
 COMMENT ON COLUMN watch_groups.pg_name IS 'Process group name; "async" collects the waits of async work, whose group the Work does not say.';
 COMMENT ON COLUMN watch_groups.pg_desc IS 'Process group description ("Work.wait" for the async waits).';
-COMMENT ON COLUMN watch_groups.blocked_ns IS 'Time in the group''s collectives called from Python in the iteration.';
-COMMENT ON COLUMN watch_groups.num_calls IS 'Number of those calls (the files'' calls column).';
+COMMENT ON COLUMN watch_groups.blocked_ns IS 'Time blocked in the group''s collectives in the iteration: synchronous calls from Python and async Work.wait() (group "async"), plus, on a CPU rank, the training thread''s time off the CPU inside backward in a DDP module''s group (its reducer''s wait for the buckets; preemption on an oversubscribed host counts too).';
+COMMENT ON COLUMN watch_groups.num_calls IS 'Number of those calls; a backward pass counts as one call of its DDP module''s group (the files'' calls column).';
 
 CREATE TABLE watch_windows (
     recording_id INTEGER NOT NULL,

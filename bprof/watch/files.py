@@ -13,7 +13,8 @@ Columns of steps (times are nanoseconds; *_ns of an iteration, from one optimize
     data_wait_ns  wall time in DataLoader iterators' __next__
     data_idle_ns  the part of data_wait_ns the training thread slept (waiting for loader workers)
     gc_ns         Python garbage-collector pauses
-    blocked_ns    collectives called from Python: synchronous calls' time and async Work.wait() time
+    blocked_ns    collectives called from Python: synchronous calls' time and async Work.wait() time;
+                  on a CPU rank, also DDP's reducer's wait in backward (bprof.profiler.watch_rank)
     windowed      a trace window was open (its profiler's cost is in the row)
 The Parquet schema's metadata key b"bprof_watch" holds {"rank", "host", "attempt"} as JSON.
 Columns of groups: iteration, pg_name, pg_desc, blocked_ns, calls (pg "async"/"Work.wait" collects

@@ -8,7 +8,7 @@ Metrics (labels: run; rank and host per rank; group and desc per process group):
     bprof_rank_own_seconds                 its own time a step (busy + waiting for data), median of the score's iterations
     bprof_straggler_score                  own time over its peers' median own time (bprof.watch.live)
     bprof_host_straggler_score             the highest score of the host's ranks
-    bprof_collective_blocked_seconds_total time in collectives called from Python, per process group
+    bprof_collective_blocked_seconds_total time blocked in collectives, per process group (called from Python; DDP's reducer on CPU)
     bprof_data_wait_seconds_total          time in DataLoader iterators' __next__
     bprof_gc_seconds_total                 Python garbage-collector pauses
     bprof_model_flops_per_second           declared model FLOPs a step over the median job step (when declared)
@@ -88,8 +88,9 @@ def families(snap: Snapshot) -> list:
     for host, value in sorted(by_host.items()):
         host_score.add_metric([run, host], value)
     hosts = {r.rank: r.host for r in snap.ranks}
-    blocked = CounterMetricFamily("bprof_collective_blocked_seconds", "Time in collectives called from Python "
-                                  "(synchronous calls, async Work.wait()), per process group.",
+    blocked = CounterMetricFamily("bprof_collective_blocked_seconds", "Time blocked in collectives, per process group: "
+                                  "synchronous calls and async Work.wait() from Python; on a CPU rank, "
+                                  "DDP's reducer's wait at the end of backward.",
                                   labels=["run", "rank", "host", "group", "desc"])
     for (rank, name, desc), ns in sorted(snap.blocked_ns.items()):
         blocked.add_metric([run, str(rank), hosts.get(rank, ""), name, desc], ns / 1e9)

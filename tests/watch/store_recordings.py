@@ -5,7 +5,9 @@ every module ingests it into its own store."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +19,8 @@ from tests.conftest import ROOT, run_group, upstream_exit_abort
 PROGRAM = ROOT / "tests" / "programs" / "ddp_mlp.py"
 STEPS = 90  # the program's iterations: the watch has a row of each but the first (no step before it)
 NUM_RANKS = 4
-SLOW = ("--slow-rank", "2", "--slow-ms", "30", "--slow-from", "40")
+SLOW_RANK, SLOW_MS, SLOW_FROM = 2, 30, 40
+SLOW = ("--slow-rank", str(SLOW_RANK), "--slow-ms", str(SLOW_MS), "--slow-from", str(SLOW_FROM))
 
 
 def recording(tmp_path_factory: pytest.TempPathFactory, kind: str) -> Path:
@@ -45,3 +48,17 @@ def parquet_rows(run_dir: Path, rank: int) -> dict:
         for name, values in pq.read_table(path).to_pydict().items():
             columns.setdefault(name, []).extend(values)
     return columns
+
+
+def ingest_both(tmp_path_factory: pytest.TempPathFactory, folder: str) -> tuple[Path, Path, Path, dict]:
+    """A new store under a fresh `folder` with both recordings ingested by `bprof ingest --json`:
+    (db, slow run dir, clean run dir, {"slow": its JSON answer, "clean": ...})."""
+    slow, clean = recording(tmp_path_factory, "slow"), recording(tmp_path_factory, "clean")
+    db = tmp_path_factory.mktemp(folder) / "w.duckdb"
+    answers = {}
+    for kind, path in (("slow", slow), ("clean", clean)):
+        done = subprocess.run([sys.executable, "-m", "bprof.cli.main", "ingest", str(path), "--db", str(db), "--json"],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        answers[kind] = json.loads(done.stdout)
+    return db, slow, clean, answers

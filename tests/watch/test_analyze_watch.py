@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bprof.watch.metrics import quantile
-from tests.watch.store_recordings import NUM_RANKS, STEPS, parquet_rows, recording
+from tests.watch.store_recordings import NUM_RANKS, STEPS, ingest_both, parquet_rows
 
 pytestmark = pytest.mark.slow
 
@@ -24,14 +24,7 @@ def bprof(*args):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    slow, clean = recording(tmp_path_factory, "slow"), recording(tmp_path_factory, "clean")
-    db = tmp_path_factory.mktemp("analyze") / "w.duckdb"
-    out = {}
-    for kind, path in (("slow", slow), ("clean", clean)):
-        done = bprof("ingest", path, "--db", db, "--json")
-        assert done.returncode == 0, done.stderr
-        out[kind] = json.loads(done.stdout)
-    return db, slow, clean, out
+    return ingest_both(tmp_path_factory, "analyze")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from bprof.dashboards.pages import in_html, watch
 from bprof.dashboards.pages.defaults import with_defaults
 from bprof.dashboards.sections import Chart, Table, View
 from bprof.store.db import open_store
-from tests.watch.store_recordings import NUM_RANKS, parquet_rows, recording
+from tests.watch.store_recordings import NUM_RANKS, ingest_both, parquet_rows
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +30,7 @@ def bprof(*args):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """(db, slow run dir, clean run dir, the slow recording's window run id, the clean recording's name)."""
-    slow, clean = recording(tmp_path_factory, "slow"), recording(tmp_path_factory, "clean")
-    db = tmp_path_factory.mktemp("export") / "w.duckdb"
-    ingested = {}
-    for kind, path in (("slow", slow), ("clean", clean)):
-        done = bprof("ingest", path, "--db", db, "--json")
-        assert done.returncode == 0, done.stderr
-        ingested[kind] = json.loads(done.stdout)
+    db, slow, clean, ingested = ingest_both(tmp_path_factory, "export")
     [window_run] = [r["run_id"] for r in ingested["slow"]["runs"]]
     [clean_watch] = ingested["clean"]["watch"]
     return db, slow, clean, window_run, clean_watch["name"]

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bprof.store.db import open_store
-from tests.watch.store_recordings import NUM_RANKS, STEPS, parquet_rows, recording
+from tests.watch.store_recordings import NUM_RANKS, SLOW_FROM, SLOW_MS, SLOW_RANK, STEPS, ingest_both, parquet_rows, recording
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +33,8 @@ def bprof(*args, cwd=None):
 
 
 @pytest.fixture(scope="module")
-def ingested(slow, clean, tmp_path_factory):
-    db = tmp_path_factory.mktemp("store") / "w.duckdb"
-    runs = {}
-    for kind, path in (("slow", slow), ("clean", clean)):
-        done = bprof("ingest", path, "--db", db, "--json")
-        assert done.returncode == 0, done.stderr
-        runs[kind] = json.loads(done.stdout)
+def ingested(tmp_path_factory):
+    db, _, _, runs = ingest_both(tmp_path_factory, "store")
     return db, runs
 
 
@@ -149,3 +144,25 @@ def _counts(db) -> dict:
                           "watch_episodes", "watch_scores")}
     finally:
         con.close()
+
+
+def test_ddp_reducer_waits_are_blocked_time_in_its_group_on_the_ranks_that_wait(slow, ingested):
+    """The program is DDP (C++ reducer): no collective is called from Python, yet the ranks that wait
+    for the slow rank 2 from iteration 40 wait in the reducer at the end of backward."""
+    db, _ = ingested
+    con = open_store(db, read_only=True)
+    try:
+        rid = con.execute("SELECT recording_id FROM watch_recordings WHERE source_path = ?", [str(slow)]).fetchone()[0]
+        groups = con.execute("SELECT DISTINCT pg_name, pg_desc FROM watch_groups WHERE recording_id = ?", [rid]).fetchall()
+        assert groups == [("0", "default_pg")]  # DDP's process group: the default one
+        median = dict(((rank, late), ns) for rank, late, ns in con.execute("""
+            SELECT s.rank, s.iteration >= ? AS late, median(coalesce(g.blocked_ns, 0))
+            FROM watch_steps s LEFT JOIN watch_groups g USING (recording_id, rank, attempt, iteration)
+            WHERE s.recording_id = ? AND NOT s.windowed AND (s.iteration BETWEEN 5 AND ? OR s.iteration >= ?)
+            GROUP BY ALL""", [SLOW_FROM, rid, SLOW_FROM - 1, SLOW_FROM + 5]).fetchall())
+    finally:
+        con.close()
+    waiting = [r for r in range(NUM_RANKS) if r != SLOW_RANK]
+    for rank in waiting:  # each waits about the slow rank's extra 30 ms more a step than before
+        assert median[(rank, True)] - median[(rank, False)] >= 0.5 * SLOW_MS * 1e6, (rank, median)
+    assert median[(SLOW_RANK, True)] < min(median[(r, True)] for r in waiting), median
