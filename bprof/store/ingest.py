@@ -28,6 +28,7 @@ from bprof.store.kineto_file import NotATrace, SplitTrace, split_trace
 from bprof.store.limits import set_memory_limit
 from bprof.store.reduce import check_one_run, file_sha256, load_reduced, read_manifest
 from bprof.store.sqlfile import run_sql_file
+from bprof.store.supersede import replace_partials
 
 _MALFORMED = re.compile(r'file "([^"]+)", at byte (\d+)(?: in record/value \d+)?: (.*)', re.DOTALL)
 
@@ -146,6 +147,8 @@ def _ingest_in_transaction(con, run: RunFiles, name: str, fingerprint: str, hash
     window, window_warnings = recorded_window(seen_ranks, recorded)
     result.warnings = skipped + window_warnings + _finish_run(con, run_id, metas, window)
     _label_run(con, run_id, options)
+    result.name, replaced = replace_partials(con, run_id, name, keep_name=options.name is not None)
+    result.warnings += replaced
     result.num_ranks = len(seen_ranks)
     result.num_events = con.execute("SELECT sum(num_events) FROM ranks WHERE run_id = ?", [run_id]).fetchone()[0]
     result.metadata_by_rank = metas
@@ -170,6 +173,8 @@ def ingest_reduced_run(con: duckdb.DuckDBPyConnection, run: RunFiles, options: I
         load_reduced(con, run_id, manifests)
         warnings = _finish_run(con, run_id, {m.rank: m.metadata for m in manifests})
         _label_run(con, run_id, options)
+        name, replaced = replace_partials(con, run_id, name, keep_name=options.name is not None)
+        warnings += replaced
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
