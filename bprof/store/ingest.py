@@ -21,7 +21,7 @@ from typing import Callable
 import duckdb
 
 from bprof.errors import DataError, UsageError
-from bprof.store.chrome_export import CALL_FIELDS, CALLS_META_KEY, is_export, unpack_export
+from bprof.store.chrome_export import CALLS_META_KEY, is_export, unpack_export
 from bprof.store.discover import RunFiles, discover, rank_of, record_meta_paths
 from bprof.store.exec_trace import load_exec_traces
 from bprof.store.kineto_file import NotATrace, SplitTrace, split_trace
