@@ -401,6 +401,27 @@ def watch_micro(num_boundaries: int = 20000, num_flushes: int = 200, num_calls: 
                     fn(x)
                 per_call[name].append((time.perf_counter_ns() - t0) / (num_calls // 20))
         work_class.wait = wrapped_wait
+
+        # a DDP module's backward (its reducer's one bucket all-reduced in the 1-rank group) through the
+        # watch's wrapper of torch.autograd.backward against the raw function
+        from bprof.profiler.watch_rank import watch_ddp_modules
+
+        watch_ddp_modules()
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+        inputs = torch.randn(4, 16)
+        wrapped_backward = torch.autograd.backward
+        raw_backward = getattr(wrapped_backward, "__wrapped__", None)
+        if raw_backward is None:
+            raise BenchmarkError("WatchLog.install() did not wrap torch.autograd.backward")
+        per_backward = {"raw": [], "wrapped": []}
+        for block in range(20):
+            for name in ("raw", "wrapped") if block % 2 == 0 else ("wrapped", "raw"):
+                torch.autograd.backward = raw_backward if name == "raw" else wrapped_backward
+                t0 = time.perf_counter_ns()
+                for _ in range(num_calls // 40):
+                    model(inputs).sum().backward()
+                per_backward[name].append((time.perf_counter_ns() - t0) / (num_calls // 40))
+        torch.autograd.backward = wrapped_backward
         dist.destroy_process_group()
 
     q = statistics.quantiles
@@ -414,6 +435,8 @@ def watch_micro(num_boundaries: int = 20000, num_flushes: int = 200, num_calls: 
             "flush_files_written": num_files,
             "all_reduce_raw_us": statistics.median(per_call["raw"]) / 1e3,
             "all_reduce_wrapped_us": statistics.median(per_call["wrapped"]) / 1e3,
+            "ddp_step_raw_us": statistics.median(per_backward["raw"]) / 1e3,
+            "ddp_step_wrapped_us": statistics.median(per_backward["wrapped"]) / 1e3,
             "num_boundaries": num_boundaries, "num_flushes": num_flushes, "num_calls": num_calls}
 
 
@@ -439,6 +462,9 @@ def micro_text(m: dict) -> str:
         f"(n={m['num_flushes']}; steps + groups file each)",
         f"  all_reduce(1 float), 1 rank  {m['all_reduce_raw_us']:7.1f} us raw, {m['all_reduce_wrapped_us']:.1f} us "
         f"wrapped ({extra:+.1f} us a call: the collective's wrapper and Work.wait's, both on a synchronous call)",
+        *([f"  DDP forward+backward, 1 rank  {m['ddp_step_raw_us']:7.1f} us raw, {m['ddp_step_wrapped_us']:.1f} us "
+           f"wrapped ({m['ddp_step_wrapped_us'] - m['ddp_step_raw_us']:+.1f} us: torch.autograd.backward's wrapper, "
+           "which times DDP's reducer wait)"] if "ddp_step_raw_us" in m else []),
     ])
 
 
