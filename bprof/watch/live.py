@@ -44,7 +44,8 @@ class WatchOptions:
     score_limit: float = 1.3
     min_excess_frac: float = 0.10  # of the job's median step
     step_factor: float = 2.0
-    consecutive: int = 3  # iterations running a rank must meet the rank rule
+    consecutive: int = 5  # iterations running a rank must meet the rank rule (a clean 4-rank job on a loaded
+    # 2-core CI host had one rank at 1.69x its peers' own time for 3 running: 3 opened a window there)
     step_consecutive: int = 5  # ... and the step the step rule (a load burst on a shared host lasts a few)
     window_steps: int = 3  # iterations a triggered window captures
     max_windows_per_hour: int = 4

@@ -37,10 +37,19 @@ def test_no_precision_advice_without_a_measurement(demo_store, tmp_path):
     measured = fp32_finding(db)
     if measured["title"].endswith("could run in bf16"):
         assert measured["lost_ns"] > 0
-    else:   # bf16 measured no faster here: said with both measured peaks
+    else:   # bf16 measured no faster here: said with both measured peaks, each the rank's share of its host's
+        from bprof.store.db import open_store
+
+        con = open_store(db, read_only=True)
+        try:
+            [(share,)] = con.execute("""SELECT count(*) FROM ranks WHERE run_id = (SELECT max(run_id) FROM runs)
+                                        AND host = (SELECT host FROM ranks WHERE run_id = (SELECT max(run_id) FROM runs)
+                                                    AND rank = ?)""", [measured["evidence"]["ranks"][0]]).fetchall()
+        finally:
+            con.close()
         assert measured["advice"].startswith("Keep fp32 here")
-        assert f"bf16 {bf16['flops_per_s'] / 1e9:,.1f}" in measured["advice"]
-        assert measured["evidence"]["bf16_flops_per_s"] == pytest.approx(bf16["flops_per_s"])
+        assert f"bf16 {bf16['flops_per_s'] / share / 1e9:,.1f}" in measured["advice"]
+        assert measured["evidence"]["bf16_flops_per_s"] == pytest.approx(bf16["flops_per_s"] / share)
 
 
 def test_three_repeats_say_too_few_to_decide(demo_store, tmp_path):

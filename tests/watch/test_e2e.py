@@ -141,7 +141,7 @@ def test_the_slow_rank_is_named_live_and_a_window_opens_while_it_is_slow(jobs):
     data = live(out, slow_name)
     named = [e for e in data["episodes"] if e["rule"] == "rank"]
     assert [e["rank"] for e in named] == [SLOW_RANK], data["episodes"]
-    # within a few iterations of turning slow (the rule needs 3 running)
+    # within a few iterations of turning slow (the rule needs 5 running)
     assert SLOW_FROM <= named[0]["first_iteration"] <= SLOW_FROM + 5
     assert re.search(rf"bprof watch: iteration \d+: rank {SLOW_RANK} on \S+ spends", slow.stderr)
     [trigger] = data["triggers"]
@@ -164,8 +164,10 @@ def test_analyze_on_the_triggered_window_names_the_slow_rank_with_its_cost(jobs)
                            "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     analysis = json.loads(done.stdout)
-    stragglers = [f for f in analysis["findings"] if f["analyzer"] == "stragglers" and f["lost_ns"]]
+    # the rank is named, priced or (withheld, under load: CI once) with its extra own time
+    stragglers = [f for f in analysis["findings"] if f["analyzer"] == "stragglers" and f["evidence"].get("ranks")]
     assert stragglers and stragglers[0]["evidence"]["ranks"] == [SLOW_RANK], analysis["findings"]
+    assert stragglers[0]["lost_ns"] or stragglers[0]["evidence"].get("extra_own_ns"), stragglers[0]
     # the truth: the slowed job's unprofiled steps after the fault began against the clean job's
     slowed, clean = step_rows(out, slow_name), step_rows(out, clean_name)
     after = range(SLOW_FROM + 5, STEPS)
@@ -182,7 +184,7 @@ def test_analyze_on_the_triggered_window_names_the_slow_rank_with_its_cost(jobs)
     # its price is the what-if engine's: on 4 ranks sharing 2 cores it kept the slowed rank's own
     # transfers (starved by its fault) and priced 2.5 ms against 27.3 measured (docs/whatif.md); held
     # to the invariants only
-    assert 0 < cost_ns <= analysis["metrics"]["step_time_ns"]["value"]
+    assert cost_ns is None or 0 < cost_ns <= analysis["metrics"]["step_time_ns"]["value"]
 
 
 def test_the_metrics_endpoint_serves_every_rank_while_the_job_runs(jobs):
