@@ -179,7 +179,9 @@ def _read_step(con: duckdb.DuckDBPyConnection, run_id: int, step: int) -> tuple[
     inst = read("""SELECT instance_id, coalesce(ratio, 'NaN'::DOUBLE) AS ratio, list_contains($symmetric, op) AS symmetric
                    FROM _st_step ORDER BY dense_id""", {"symmetric": list(SYMMETRIC_OPS)})
     members = read("""
-        SELECT i.dense_id, m.rank, m.arrival_aligned_ns, m.end_aligned_ns,
+        SELECT i.dense_id, m.rank, m.arrival_aligned_ns,
+            -- the end, or where the training thread resumed before its range closed (host.sql)
+            coalesce(h.end_aligned_ns, m.end_aligned_ns) AS end_aligned_ns,
             -- what the member does: its op and group size; a send and a recv are different roles
             CAST(2 * i.kind + CASE WHEN i.is_p2p AND m.rank = i.src_rank THEN 1 ELSE 0 END AS INTEGER) AS role_id,
             -- the issue and the host's wait, as the what-if graph has them (bprof/whatif/host.sql)

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from bprof.store.sqlfile import run_sql_file
 from bprof.whatif.engine import StepGraph, exit_offsets, work_segments
+from bprof.whatif.peers import SYMMETRIC_OPS
 
 
 @dataclasses.dataclass
@@ -68,8 +69,10 @@ WAIT_PROBE_NS = 20_000
 
 def prepare_host(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     """(Re)make the temp table whatif_host_members (host.sql): each member's issue on the training
-    thread and whether that thread waited for its end, on main-thread timelines."""
-    run_sql_file(con, "bprof.whatif", "host.sql", {"run_id": run_id, "wait_probe_ns": WAIT_PROBE_NS})
+    thread, whether that thread waited for its end, and where it resumed before the end was recorded,
+    on main-thread timelines."""
+    run_sql_file(con, "bprof.whatif", "host.sql", {"run_id": run_id, "wait_probe_ns": WAIT_PROBE_NS,
+                                                   "symmetric": list(SYMMETRIC_OPS)})
 
 
 def has_analysis(con: duckdb.DuckDBPyConnection, run_id: int) -> bool:

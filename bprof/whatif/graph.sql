@@ -17,7 +17,8 @@
 -- * dim: the parallel dimension of the instance's process group (breakdown_groups.dim: tp, dp,
 --   fsdp, pp, ...; NULL when the group is not classified).
 -- * issue_ns, host_waited: whatif_host_members (host.sql, run first); without a row there, the
---   arrival and true.
+--   arrival and true. end_ns: the member's end, or where host.sql found the training thread
+--   resumed before its range closed, that resumption.
 
 CREATE OR REPLACE TEMP TABLE _wi_spans AS
 SELECT s.rank, s.step, s.ts_ns + coalesce(r.clock_offset_ns, 0) AS start_ns,
@@ -54,7 +55,7 @@ WITH joined AS (
     WHERE m.run_id = $run_id AND m.instance_id NOT IN (SELECT instance_id FROM joined)
       AND m.step IS NOT NULL AND m.arrival_ts_ns IS NOT NULL AND m.end_ts_ns IS NOT NULL
 )
-SELECT x.step, x.rank, x.arrival_ns, x.end_ns, x.instance_id, x.solo_rank,
+SELECT x.step, x.rank, x.arrival_ns, coalesce(h.end_aligned_ns, x.end_ns) AS end_ns, x.instance_id, x.solo_rank,
     coalesce(h.issue_aligned_ns, x.arrival_ns) AS issue_ns, coalesce(h.host_waited, true) AS host_waited,
     CAST(dense_rank() OVER (PARTITION BY x.step ORDER BY x.instance_id, x.solo_rank) - 1 AS BIGINT) AS dense_id,
     x.op, x.bytes, x.group_size, d.dim,

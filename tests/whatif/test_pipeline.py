@@ -130,5 +130,5 @@ def test_synthetic_gpu_traces_predict_the_other_micro_batch_count(synth_runs, sc
 def test_mfu_counts_the_micro_batches_work():
     # 8 micro-batches instead of 4 in 1.5x the step: twice the model FLOPs, MFU x 2 / 1.5
     part = MicroBatches(8, pipe=Pipeline(2, 4, "1f1b"))
-    res = ScenarioResult("microbatches=8", [part], [np.array([0])], [0], [np.array([150])], [np.array([100])])
+    res = ScenarioResult("microbatches=8", [part], [np.array([0])], [0], [np.array([150])], [np.array([100])], [np.array([0])])
     assert res.summary(0.3)["predicted_mfu_frac"] == pytest.approx(0.3 * 100 / 150 * 2)
