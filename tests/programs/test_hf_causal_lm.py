@@ -40,18 +40,16 @@ def test_a_hugging_face_model_under_ddp_is_recorded_and_analysed_within_the_inva
         assert_invariants(rec)
 
 
-# Not strict: it passed in 1 of 5 runs (straggler 41.6 ms against 60.1 ms of fault and 63.5 ms measured).
+# Not strict. Since the what-if's job step counts the straggler price's gain (the job's window) and a
+# gloo range closing after its training thread resumed ends at the resumption (bprof/whatif/host.sql),
+# two runs (2026-12-03) priced 82.8 and 62.8 ms against 88.7 and 71.4 measured, and predicted 39.0
+# and 25.0 ms against 35.4 and 16.5 clean. The first failed (passed the second): its price is above the
+# fault itself (60.1 ms) - on 2 cores the fault also costs its peer's gloo thread its core - beyond
+# the `ran_ns` bound. Earlier runs: priced 0-49.9 ms against 31-64 ms.
 @pytest.mark.xfail(strict=False, reason=(
-    "a 60 ms slow rank under DDP with one bucket (one all-reduce a step) is priced low or not at all: 5 runs "
-    "measured 31.3, 63.5, 46.1, 41.8, 37.0 ms (fault 60.1 ms); bprof said no straggler (lost_ns 0: 4 of 6 steps "
-    "gain half the median), 41.6 ms, 29.6 ms, no straggler, 49.9 ms (the what-if saving 57.2). (1) In 2 to 3 of 6 "
-    "steps the peer's gloo:all_reduce range (the collective's end as bprof reads it) closes 3-36 ms after its "
-    "training thread resumed - after the span's end, or while an op runs - so that exit releases nothing, the "
-    "step's end is anchored to the collective's issue and the wait becomes tail work (76.1, 54.7, 45.2 ms); "
-    "no-stragglers gives that tail to the slow rank as its peers' median tail: those steps gain -41.5 to -0.7 ms. "
-    "(2) The straggler pricing's job step (latest span end - earliest span start, whatif/peers.py) is not the "
-    "what-if's (the longest rank's span, whatif/run.py): with the ranks' steps 34.8 ms apart a step gained 30.2 "
-    "against 64.8 ms"))
+    "the measured cost of the 60 ms fault (88.7 ms in one run, 31-64 ms in earlier ones) and bprof's price "
+    "(82.8 ms) exceed the fault's own duration on this 2-core machine, beyond the test's 35% bound on it; "
+    "two runs since the fix (one passed), not enough to drop the xfail"))
 def test_a_slow_rank_of_a_hugging_face_model_under_ddp_is_priced_at_what_removing_it_buys(clean, slow):
     truth_ns = slow.step_ns - clean.step_ns
     top, predicted = slow.ranked[0], slow.no_stragglers
